@@ -1,0 +1,89 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
+from triton_xpu_attn import merge_state_v2
+from triton_xpu_attn import reference as ref
+from triton_xpu_attn.ops.merge_state import combine_splits
+
+
+def test_reference_hand_example():
+    # equal LSEs average the values; the merged LSE is log(2 e^0) = log 2
+    v, s = ref.merge_state_v2(torch.tensor([[[1.0, 3.0]]]), torch.tensor([[0.0]]), torch.tensor([[[3.0, 5.0]]]), torch.tensor([[0.0]]))
+    assert v.tolist() == [[[2.0, 4.0]]] and s.item() == pytest.approx(math.log(2))
+    # an empty state (LSE -inf or +inf or NaN) contributes nothing
+    for empty in (-math.inf, math.inf, math.nan):
+        v, s = ref.merge_state_v2(torch.tensor([[[1.0]]]), torch.tensor([[empty]]), torch.tensor([[[7.0]]]), torch.tensor([[1.5]]))
+        assert v.item() == 7.0 and s.item() == 1.5
+    v, s = ref.merge_state_v2(torch.tensor([[[1.0]]]), torch.tensor([[-math.inf]]), torch.tensor([[[7.0]]]), torch.tensor([[-math.inf]]))
+    assert v.item() == 0.0 and s.item() == -math.inf
+
+
+@given(
+    n=st.integers(0, 5), h=st.integers(1, 4), dv=st.sampled_from([8, 64, 80]), dtype=st.sampled_from(FLOAT_DTYPES),
+    seed=st.integers(0, 2**16), transposed_lse=st.booleans(), empties=st.booleans(),
+)
+def test_merge_state_v2_matches_reference(n, h, dv, dtype, seed, transposed_lse, empties):
+    gen = torch.Generator().manual_seed(seed)
+    v_a, v_b = (torch.randn(n, h, dv, generator=gen).to(dtype) for _ in range(2))
+    s_a, s_b = (torch.randn(n, h, generator=gen) * 3 for _ in range(2))
+    if empties and n:
+        s_a[0] = -math.inf
+        s_b[0, 0] = -math.inf
+        s_b[-1] = math.inf
+    if transposed_lse:  # sglang passes lse.T of an [H, N] tensor
+        s_a, s_b = s_a.T.contiguous().T, s_b.T.contiguous().T
+    v_ref, s_ref = ref.merge_state_v2(v_a, s_a, v_b, s_b)
+    v_out = poison(torch.empty(n, h, dv, dtype=dtype, device=DEVICE))
+    s_out = poison(torch.empty(n, h, device=DEVICE))
+    v, s = merge_state_v2(v_a.to(DEVICE), s_a.to(DEVICE), v_b.to(DEVICE), s_b.to(DEVICE), v_out, s_out)
+    assert v is v_out and s is s_out
+    assert not torch.isnan(v).any() and not torch.isnan(s).any()
+    if n:
+        assert_close(v, v_ref, dtype)
+        finite = torch.isfinite(s_ref)
+        assert torch.equal(torch.isfinite(s.cpu()), finite)
+        assert torch.allclose(s.cpu().double()[finite], s_ref[finite], rtol=1e-5, atol=1e-5)
+
+
+@given(n=st.integers(1, 3), h=st.integers(1, 3), splits=st.integers(1, 6), seed=st.integers(0, 2**16), sinks=st.booleans())
+def test_combine_splits_equals_repeated_merges(n, h, splits, seed, sinks):
+    gen = torch.Generator().manual_seed(seed)
+    dv = 16
+    po = torch.randn(n, h, splits, dv, generator=gen)
+    pl = torch.randn(n, h, splits, generator=gen)
+    pl[..., -1] = -math.inf  # an empty split
+    sink = torch.randn(h, generator=gen) if sinks else None
+    # reference: fold the merge rule over splits; a sink is one more state with value 0
+    v, s = torch.zeros(n, h, dv, dtype=torch.float64), torch.full((n, h), -math.inf, dtype=torch.float64)
+    for i in range(splits):
+        v, s = ref.merge_state_v2(v, s, po[:, :, i], pl[:, :, i])
+    if sink is not None:
+        has_key = torch.isfinite(s)
+        v2, s2 = ref.merge_state_v2(v, s, torch.zeros_like(v), sink.double()[None].expand(n, h))
+        v = torch.where(has_key[..., None], v2, v)
+        s = torch.where(has_key, s2, s)
+    out = poison(torch.empty(n, h, dv, device=DEVICE))
+    lse = poison(torch.empty(h, n, device=DEVICE))
+    combine_splits(po.to(DEVICE), pl.to(DEVICE), out, lse.T, None if sink is None else sink.to(DEVICE))
+    assert_close(out, v, torch.float32)
+    finite = torch.isfinite(s)
+    assert torch.equal(torch.isfinite(lse.T.cpu()), finite)
+    assert torch.allclose(lse.T.cpu().double()[finite], s[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_merge_state_v2_rejects_bad_input():
+    v = torch.zeros(2, 2, 8, device=DEVICE)
+    s = torch.zeros(2, 2, device=DEVICE)
+    with pytest.raises(TypeError, match="v_b"):
+        merge_state_v2(v, s, v.half(), s)
+    with pytest.raises(ValueError, match="s_b"):
+        merge_state_v2(v, s, v, torch.zeros(2, 3, device=DEVICE))
+    with pytest.raises(ValueError, match="v_a"):
+        merge_state_v2(torch.zeros(2, 8, device=DEVICE), s, v, s)
+    with pytest.raises(ValueError, match="v_merged"):
+        merge_state_v2(v, s, v, s, v_merged=torch.zeros(2, 2, 4, device=DEVICE))

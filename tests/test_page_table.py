@@ -1,0 +1,161 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import DEVICE, poison
+from triton_xpu_attn import normalize_page_table, translate_loc_from_full_to_swa
+from triton_xpu_attn import reference as ref
+
+PAGE_SIZES = [2**i for i in range(9)]
+
+
+def _pool(num_reqs, page_size, max_len, gen):
+    """A token-granular req_to_token whose pages are contiguous, page-aligned slot runs (as
+    sglang's allocator guarantees), with physical pages drawn as a random permutation."""
+    pages_per_req = -(-max_len // page_size)
+    perm = torch.randperm(num_reqs * pages_per_req + 1, generator=gen)[: num_reqs * pages_per_req] + 1
+    pages = perm.reshape(num_reqs, pages_per_req)
+    slots = pages[:, :, None] * page_size + torch.arange(page_size)[None, None, :]
+    return slots.reshape(num_reqs, -1)[:, :max_len].to(torch.int32)
+
+
+@given(
+    page_size=st.sampled_from(PAGE_SIZES),
+    batch=st.integers(0, 4),
+    data=st.data(),
+    mapped=st.booleans(),
+    explicit_width=st.booleans(),
+)
+def test_normalize_page_table_matches_reference(page_size, batch, data, mapped, explicit_width):
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    pool_rows = batch + 2
+    max_len = data.draw(st.integers(1, 3 * page_size + 5))
+    req_to_token = _pool(pool_rows, page_size, max_len, gen)
+    # a strided view: req_to_token padded to a wider buffer
+    wide = torch.zeros(pool_rows, max_len + 7, dtype=torch.int32)
+    wide[:, :max_len] = req_to_token
+    req_to_token = wide[:, :max_len]
+    req_pool_indices = torch.randperm(pool_rows, generator=gen)[:batch].to(torch.int64)
+    seq_lens = torch.randint(0, max_len + 1, (batch,), generator=gen, dtype=torch.int32)
+    full_to_swa = None
+    if mapped:
+        size = int(req_to_token.max()) + page_size + 1
+        full_to_swa = torch.randint(0, 1000, (size + 1,), generator=gen, dtype=torch.int64) * page_size
+        full_to_swa[-1] = -1
+    max_pages = -(-max_len // page_size) if explicit_width else None
+    expected = ref.normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, max_pages, full_to_swa)
+    out = None
+    if explicit_width:
+        out = poison(torch.empty(batch, max_pages, dtype=torch.int32, device=DEVICE))
+    got = normalize_page_table(
+        req_to_token.to(DEVICE),
+        req_pool_indices.to(DEVICE),
+        seq_lens.to(DEVICE),
+        page_size,
+        out=out,
+        full_to_swa=None if full_to_swa is None else full_to_swa.to(DEVICE),
+    )
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_normalize_page_table_hand_example():
+    # page_size 4: request row 1 holds pages 3 and 5 (slots 12..15, 20..23); row 0 holds page 2
+    req_to_token = torch.zeros(2, 8, dtype=torch.int32)
+    req_to_token[0, :4] = torch.arange(8, 12)
+    req_to_token[1] = torch.tensor([12, 13, 14, 15, 20, 21, 22, 23])
+    got = normalize_page_table(
+        req_to_token.to(DEVICE),
+        torch.tensor([1, 0], device=DEVICE),
+        torch.tensor([6, 3], device=DEVICE, dtype=torch.int32),
+        4,
+    )
+    assert got.cpu().tolist() == [[3, 5], [2, 0]]
+    assert ref.normalize_page_table(req_to_token, [1, 0], [6, 3], 4).tolist() == [[3, 5], [2, 0]]
+
+
+def test_normalize_page_table_translates_before_dividing():
+    # full slots 8..11 (page 2 of the full pool) map to SWA slots 4..7 (page 1 of the SWA pool)
+    req_to_token = torch.arange(8, 16, dtype=torch.int32)[None]
+    mapping = torch.zeros(18, dtype=torch.int64)
+    mapping[8:12] = torch.arange(4, 8)
+    mapping[12:16] = torch.arange(12, 16)
+    mapping[-1] = -1
+    got = normalize_page_table(
+        req_to_token.to(DEVICE), torch.tensor([0], device=DEVICE), torch.tensor([8], device=DEVICE), 4,
+        full_to_swa=mapping.to(DEVICE),
+    )
+    assert got.cpu().tolist() == [[1, 3]]
+
+
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=0, max_size=4),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_translate_loc_matches_torch_indexing(shape, transpose, seed):
+    gen = torch.Generator().manual_seed(seed)
+    mapping = torch.randint(0, 10**6, (50,), generator=gen, dtype=torch.int64)
+    mapping[-1] = -1
+    locs = torch.randint(-1, 49, shape, generator=gen, dtype=torch.int64)
+    if transpose and locs.dim() >= 2:
+        locs = locs.transpose(0, -1)  # non-contiguous input
+    got = translate_loc_from_full_to_swa(mapping.to(DEVICE), locs.to(DEVICE))
+    assert got.dtype == torch.int32 and got.shape == locs.shape
+    assert torch.equal(got.cpu(), ref.translate_loc_from_full_to_swa(mapping, locs))
+
+
+def test_translate_loc_hand_example():
+    mapping = torch.tensor([0, 0, 7, 9, 0, -1], dtype=torch.int64)
+    locs = torch.tensor([[2, 3], [-1, 4]], dtype=torch.int32)
+    got = translate_loc_from_full_to_swa(mapping.to(DEVICE), locs.to(DEVICE))
+    assert got.cpu().tolist() == [[7, 9], [-1, 0]]
+    assert ref.translate_loc_from_full_to_swa(mapping, locs).tolist() == [[7, 9], [-1, 0]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(page_size=3), ValueError, "page_size"),
+        (dict(page_size=512), ValueError, "page_size"),
+        (dict(page_size=4.0), TypeError, "page_size"),
+        (dict(req_to_token=torch.zeros(2, 8)), TypeError, "req_to_token"),
+        (dict(req_to_token=torch.zeros(8, dtype=torch.int32)), ValueError, "req_to_token"),
+        (dict(seq_lens=torch.zeros(3, dtype=torch.int32)), ValueError, "seq_lens"),
+        (dict(req_pool_indices=torch.zeros(2, dtype=torch.float32)), TypeError, "req_pool_indices"),
+        (dict(out=torch.zeros(2, 2, dtype=torch.int64)), TypeError, "out"),
+        (dict(out=torch.zeros(3, 2, dtype=torch.int32)), ValueError, "out"),
+        (dict(full_to_swa=torch.zeros(2, 2, dtype=torch.int64)), ValueError, "full_to_swa"),
+    ],
+)
+def test_normalize_page_table_rejects_bad_input(kwargs, error, match):
+    args = dict(
+        req_to_token=torch.zeros(2, 8, dtype=torch.int32),
+        req_pool_indices=torch.tensor([0, 1]),
+        seq_lens=torch.tensor([4, 8], dtype=torch.int32),
+        page_size=4,
+    )
+    args.update(kwargs)
+    args = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    with pytest.raises(error, match=match):
+        normalize_page_table(
+            args.pop("req_to_token"), args.pop("req_pool_indices"), args.pop("seq_lens"), args.pop("page_size"), **args
+        )
+
+
+def test_translate_loc_rejects_bad_input():
+    with pytest.raises(TypeError, match="locs"):
+        translate_loc_from_full_to_swa(torch.zeros(4, dtype=torch.int64, device=DEVICE), torch.zeros(2, device=DEVICE))
+    with pytest.raises(TypeError, match="full_to_swa"):
+        translate_loc_from_full_to_swa(torch.zeros(4, device=DEVICE), torch.zeros(2, dtype=torch.int32, device=DEVICE))
+
+
+def test_empty_inputs_give_empty_results():
+    got = normalize_page_table(
+        torch.zeros(1, 4, dtype=torch.int32, device=DEVICE), torch.zeros(0, dtype=torch.int64, device=DEVICE),
+        torch.zeros(0, dtype=torch.int32, device=DEVICE), 2,
+    )
+    assert got.shape == (0, 0)
+    got = translate_loc_from_full_to_swa(torch.full((3,), -1, device=DEVICE), torch.zeros(0, 5, dtype=torch.int32, device=DEVICE))
+    assert got.shape == (0, 5)

@@ -1,0 +1,17 @@
+"""triton_xpu_attn: pure-Triton paged-KV attention kernels for LLM serving on Intel XPU, NVIDIA
+GPUs and the CPU (Triton interpreter).
+
+Importing the package first runs :mod:`triton_xpu_attn.device`, which selects the Triton
+interpreter on a machine without a GPU before any kernel is defined.
+"""
+from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
+from .ops.merge_state import merge_state_v2
+from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "merge_state_v2",
+    "normalize_page_table",
+    "translate_loc_from_full_to_swa",
+]

@@ -1,0 +1,141 @@
+"""Helpers shared by every op: argument checks, device guards, and the registry of kernels for the
+ahead-of-time XPU compile check. Kept in one place so no op copies them."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from typing import Any, Iterable
+
+import torch
+
+#: page sizes every op accepts: powers of two from 1 to 256.
+SUPPORTED_PAGE_SIZES = tuple(2**i for i in range(9))
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = tuple(
+    dt for dt in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if dt is not None
+)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(
+    name: str,
+    value: Any,
+    *,
+    dtypes: Iterable[torch.dtype] | None = None,
+    ndim: int | Iterable[int] | None = None,
+    shape: tuple | None = None,
+    last_dim_contiguous: bool = False,
+) -> torch.Tensor:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``value`` is a tensor as expected.
+
+    ``shape`` entries that are ``None`` are not checked.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if value.dtype not in dtypes:
+            raise TypeError(f"{name} must have dtype in ({_names(dtypes)}), got {_names([value.dtype])}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if value.dim() not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(value.shape)}")
+    if shape is not None:
+        if value.dim() != len(shape) or any(s is not None and s != v for s, v in zip(shape, value.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name} must have shape {want}, got {list(value.shape)}")
+    if last_dim_contiguous and value.dim() > 0 and value.shape[-1] > 1 and value.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride(-1) == 1), got stride {value.stride()}")
+    return value
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    """All given tensors (None skipped) must sit on one device; returns it."""
+    device = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise ValueError(f"{name} is on {t.device} but {first} is on {device}: all inputs must be on one device")
+    return device
+
+
+def check_page_size(page_size: Any, name: str = "page_size") -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, int):
+        raise TypeError(f"{name} must be an int, got {type(page_size).__name__}")
+    if page_size not in SUPPORTED_PAGE_SIZES:
+        raise ValueError(f"{name} must be a power of two from 1 to 256, got {page_size}")
+    return page_size
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` current while launching, so ``cuda:1`` / ``xpu:1`` inputs run on their GPU."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    if device.type == "xpu":
+        return torch.xpu.device(device)
+    return contextlib.nullcontext()
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------
+# Registry for the ahead-of-time XPU compile check (.ci/xpu_compile_check.py).
+# Each kernel registers representative compile settings right where it is defined, so a kernel
+# added later is compiled by the check without editing any hand-kept list.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CompileVariant:
+    kernel: Any  # the @triton.jit function
+    label: str
+    signature: dict  # argument name -> Triton type string ("*fp16", "i32", "fp32", ...) or "constexpr"
+    constexprs: dict  # constexpr argument name -> value
+    options: dict  # num_warps, num_stages, ...
+    dots: int  # how many tl.dot the kernel holds (the check asserts DPAS when > 0)
+
+
+COMPILE_VARIANTS: list[CompileVariant] = []
+
+
+def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, **options) -> None:
+    """Record one representative compilation of ``kernel``.
+
+    ``args`` maps every kernel parameter to either a Triton type string (``"*bf16"``, ``"i32"``,
+    ``"i64"``, ``"fp32"``) for runtime arguments, or its value for ``tl.constexpr`` parameters.
+    """
+    fn = getattr(kernel, "fn", kernel)
+    parameters = inspect.signature(fn).parameters
+    params = list(parameters)
+    constexpr_names = {p.name for p in parameters.values() if "constexpr" in str(p.annotation)}
+    missing = [p for p in params if p not in args]
+    extra = [a for a in args if a not in params]
+    if missing or extra:
+        raise AssertionError(f"compile variant {label} of {fn.__name__}: missing {missing}, unknown {extra}")
+    signature = {p: ("constexpr" if p in constexpr_names else args[p]) for p in params}
+    constexprs = {p: args[p] for p in params if p in constexpr_names}
+    COMPILE_VARIANTS.append(CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots))

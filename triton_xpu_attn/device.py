@@ -1,0 +1,125 @@
+"""Backend and device detection: the one place that knows which hardware we run on.
+
+Order: Intel XPU (``torch.xpu.is_available()``), then CUDA, else the CPU through Triton's
+interpreter. On a machine without a GPU this module sets ``TRITON_INTERPRET=1`` *at import*,
+before any ``@triton.jit`` kernel module is imported (the package imports it first); an explicit
+user setting of ``TRITON_INTERPRET`` always wins.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import torch
+
+#: compute units assumed under the interpreter: small, so split heuristics stay cheap on a CPU.
+INTERPRETER_COMPUTE_UNITS = 4
+
+
+def _detect_backend() -> str:
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "interpreter"
+
+
+_HARDWARE_BACKEND = _detect_backend()
+if _HARDWARE_BACKEND == "interpreter":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def is_interpreter() -> bool:
+    """True when Triton kernels run through the interpreter (``TRITON_INTERPRET`` set, not 0)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def backend() -> str:
+    """``'xpu'``, ``'cuda'`` or ``'interpreter'``: how kernels are executed in this process."""
+    return "interpreter" if is_interpreter() else _HARDWARE_BACKEND
+
+
+def default_device() -> torch.device:
+    """Device on which tensors for our kernels live by default (CPU under the interpreter)."""
+    if _HARDWARE_BACKEND == "interpreter":
+        return torch.device("cpu")
+    return torch.device(_HARDWARE_BACKEND)
+
+
+def _index(device: torch.device | str | int | None) -> int:
+    if device is None:
+        return getattr(torch, _HARDWARE_BACKEND).current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.index is not None:
+        return device.index
+    return getattr(torch, device.type).current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(kind: str, index: int):
+    return getattr(torch, kind).get_device_properties(index)
+
+
+def device_name(device: torch.device | str | int | None = None) -> str:
+    """Human-readable device name, e.g. ``'NVIDIA H100 80GB HBM3'``; ``'cpu'`` under the interpreter."""
+    if _HARDWARE_BACKEND == "interpreter":
+        return "cpu"
+    return _properties(_HARDWARE_BACKEND, _index(device)).name
+
+
+def normalize_device_key(name: str) -> str:
+    """Config-file key from a device name, as vLLM does: ``'NVIDIA H100 80GB HBM3'`` ->
+    ``'NVIDIA_H100_80GB_HBM3'``; ``'Intel(R) Data Center GPU Max 1550'`` ->
+    ``'Intel_R_Data_Center_GPU_Max_1550'``."""
+    return re.sub(r"_+", "_", re.sub(r"[^0-9A-Za-z]+", "_", name)).strip("_") or "unknown"
+
+
+def device_key(device: torch.device | str | int | None = None) -> str:
+    """Normalised device name used to name config files in ``autotune_configs/<backend>/``."""
+    return normalize_device_key(device_name(device))
+
+
+def compute_units(device: torch.device | str | int | None = None) -> int:
+    """Parallel compute units that a grid should fill.
+
+    XPU: Xe-cores (``gpu_subslice_count``; ``max_compute_units`` counts EUs and would over-split).
+    CUDA: streaming multiprocessors. Interpreter: :data:`INTERPRETER_COMPUTE_UNITS`.
+    """
+    if _HARDWARE_BACKEND == "interpreter" or (device is not None and torch.device(device).type == "cpu"):
+        return INTERPRETER_COMPUTE_UNITS
+    props = _properties(_HARDWARE_BACKEND, _index(device))
+    if _HARDWARE_BACKEND == "xpu":
+        return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64) // 8)
+    return int(props.multi_processor_count)
+
+
+def triton_version() -> str:
+    """Version of the installed Triton (``pytorch-triton-xpu`` installs as ``triton`` too)."""
+    import triton
+
+    return triton.__version__
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def xpu_large_grf_mode() -> str:
+    """Spelling of the 256-register mode for the installed Intel Triton: ``'256'`` from
+    triton-xpu 3.6 on, ``'large'`` before."""
+    return "256" if _version_tuple(triton_version()) >= (3, 6) else "large"
+
+
+def describe() -> dict:
+    """Everything the self-check prints about the machine."""
+    return {
+        "backend": backend(),
+        "device": device_name(),
+        "device_key": device_key(),
+        "compute_units": compute_units(),
+        "triton": triton_version(),
+        "torch": torch.__version__,
+    }

@@ -1,0 +1,238 @@
+"""Merging attention states: the split-KV combine (shared by paged attention and MLA decode) and
+``merge_state_v2`` for cascade attention. One merge rule, written once in ``_lse_weights``."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._common import FLOAT_DTYPES, check_same_device, check_tensor, device_guard, next_power_of_2, register_xpu_compile
+
+
+
+@triton.jit
+def _lse_weights(lse, extra_logit, HAS_EXTRA: tl.constexpr):
+    """Weights of states with natural-log LSEs ``lse`` (non-finite = empty) in their merge, plus an
+    optional extra logit that joins the denominator only (an attention sink).
+
+    Returns ``(weights, denominator, merged_lse)``: merged output = sum(w * v) / denominator.
+    An all-empty merge gives weights 0, denominator 1 and LSE -inf, so outputs become 0, not NaN.
+    """
+    lse = tl.where(lse == lse, lse, float("-inf"))  # NaN -> empty
+    lse = tl.where(lse == float("inf"), float("-inf"), lse)  # +inf -> empty (as sgl-kernel does)
+    m = tl.max(lse, axis=0)
+    empty = m == float("-inf")
+    if HAS_EXTRA:
+        m = tl.maximum(m, extra_logit)
+    m_safe = tl.where(empty, 0.0, m)
+    w = tl.exp2((lse - m_safe) * 1.4426950408889634)
+    total = tl.sum(w, axis=0)
+    if HAS_EXTRA:
+        total += tl.exp2((extra_logit - m_safe) * 1.4426950408889634)
+    denom = tl.where(empty, 1.0, total)
+    merged = tl.where(empty, float("-inf"), m_safe + tl.log2(denom) / 1.4426950408889634)
+    return w, denom, merged
+
+
+@triton.jit
+def _combine_splits_kernel(
+    partial_out_ptr,  # [N, H, S, Dv] fp32: each split's normalised output
+    partial_lse_ptr,  # [N, H, S] fp32: each split's LSE (-inf for an empty split)
+    stride_po_n,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_n,
+    stride_pl_h,
+    num_splits,
+    out_ptr,
+    stride_o_n,
+    stride_o_h,
+    lse_ptr,
+    stride_lse_n,
+    stride_lse_h,
+    sinks_ptr,
+    head_dim_v,
+    MAX_SPLITS: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    splits = tl.arange(0, MAX_SPLITS)
+    lse = tl.load(partial_lse_ptr + n * stride_pl_n + h * stride_pl_h + splits, mask=splits < num_splits, other=float("-inf"))
+    sink = 0.0
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+    w, denom, merged = _lse_weights(lse, sink, HAS_SINKS)
+    d = tl.arange(0, BLOCK_DV)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    base = partial_out_ptr + n * stride_po_n + h * stride_po_h
+    # fixed order over splits: the result is bitwise reproducible run to run
+    for s in range(0, num_splits):
+        w_s = tl.sum(tl.where(splits == s, w, 0.0), axis=0)
+        if w_s > 0:
+            acc += w_s * tl.load(base + s * stride_po_s + d, mask=d < head_dim_v, other=0.0)
+    out = acc / denom
+    tl.store(out_ptr + n * stride_o_n + h * stride_o_h + d, out.to(out_ptr.dtype.element_ty), mask=d < head_dim_v)
+    if WRITE_LSE:
+        tl.store(lse_ptr + n * stride_lse_n + h * stride_lse_h, merged)
+
+
+@triton.jit
+def _merge_state_kernel(
+    v_a_ptr,
+    s_a_ptr,
+    v_b_ptr,
+    s_b_ptr,
+    v_out_ptr,
+    s_out_ptr,
+    num_heads,
+    head_dim,
+    stride_va_n,
+    stride_va_h,
+    stride_vb_n,
+    stride_vb_h,
+    stride_vo_n,
+    stride_vo_h,
+    stride_sa_n,
+    stride_sa_h,
+    stride_sb_n,
+    stride_sb_h,
+    stride_so_n,
+    stride_so_h,
+    BLOCK_D: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    two = tl.arange(0, 2)
+    s_a = tl.load(s_a_ptr + n * stride_sa_n + h * stride_sa_h).to(tl.float32)
+    s_b = tl.load(s_b_ptr + n * stride_sb_n + h * stride_sb_h).to(tl.float32)
+    w, denom, merged = _lse_weights(tl.where(two == 0, s_a, s_b), 0.0, False)
+    w_a = tl.sum(tl.where(two == 0, w, 0.0), axis=0) / denom
+    w_b = tl.sum(tl.where(two == 1, w, 0.0), axis=0) / denom
+    d = tl.arange(0, BLOCK_D)
+    mask = d < head_dim
+    v_a = tl.load(v_a_ptr + n * stride_va_n + h * stride_va_h + d, mask=mask, other=0.0).to(tl.float32)
+    v_b = tl.load(v_b_ptr + n * stride_vb_n + h * stride_vb_h + d, mask=mask, other=0.0).to(tl.float32)
+    v = v_a * w_a + v_b * w_b
+    tl.store(v_out_ptr + n * stride_vo_n + h * stride_vo_h + d, v.to(v_out_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_out_ptr + n * stride_so_n + h * stride_so_h, merged)
+
+
+register_xpu_compile(
+    _combine_splits_kernel,
+    "bf16,S16,Dv128,sinks",
+    dict(
+        partial_out_ptr="*fp32", partial_lse_ptr="*fp32", stride_po_n="i64", stride_po_h="i64", stride_po_s="i32",
+        stride_pl_n="i64", stride_pl_h="i32", num_splits="i32", out_ptr="*bf16", stride_o_n="i64", stride_o_h="i32",
+        lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i64", sinks_ptr="*fp32", head_dim_v="i32",
+        MAX_SPLITS=16, BLOCK_DV=128, HAS_SINKS=True, WRITE_LSE=True,
+    ),
+    num_warps=4,
+)
+register_xpu_compile(
+    _merge_state_kernel,
+    "bf16,D128",
+    dict(
+        v_a_ptr="*bf16", s_a_ptr="*fp32", v_b_ptr="*bf16", s_b_ptr="*fp32", v_out_ptr="*bf16", s_out_ptr="*fp32",
+        num_heads="i32", head_dim="i32", stride_va_n="i64", stride_va_h="i32", stride_vb_n="i64", stride_vb_h="i32",
+        stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32", stride_so_n="i32", stride_so_h="i32", BLOCK_D=128,
+    ),
+    num_warps=4,
+)
+
+
+def combine_splits(
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """Merge split-KV partial results in a fixed order (internal; no argument checks).
+
+    ``partial_out [N, H, S, Dv]`` fp32 and ``partial_lse [N, H, S]`` fp32 (each split's normalised
+    output and natural-log LSE; an empty split must hold LSE ``-inf``). Writes ``out [N, H, Dv]``
+    (any strides, last dim contiguous) and, when given, ``lse [N, H]`` (any strides, e.g. the
+    transpose of an ``[H, N]`` tensor). ``sinks [H]`` join every row's denominator.
+    """
+    n, h, s, dv = partial_out.shape
+    if n == 0 or h == 0:
+        return
+    with device_guard(out.device):
+        _combine_splits_kernel[(n, h)](
+            partial_out, partial_lse,
+            partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+            partial_lse.stride(0), partial_lse.stride(1),
+            s,
+            out, out.stride(0), out.stride(1),
+            lse if lse is not None else partial_lse,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
+            sinks if sinks is not None else partial_lse,
+            dv,
+            MAX_SPLITS=next_power_of_2(s),
+            BLOCK_DV=next_power_of_2(dv),
+            HAS_SINKS=sinks is not None,
+            WRITE_LSE=lse is not None,
+            num_warps=4,
+        )
+
+
+def merge_state_v2(
+    v_a: torch.Tensor,
+    s_a: torch.Tensor,
+    v_b: torch.Tensor,
+    s_b: torch.Tensor,
+    v_merged: torch.Tensor | None = None,
+    s_merged: torch.Tensor | None = None,
+):
+    """Merge two attention states computed over disjoint key sets (cascade attention), base e.
+
+    ``v = (v_a * e^{s_a} + v_b * e^{s_b}) / (e^{s_a} + e^{s_b})``, ``s = log(e^{s_a} + e^{s_b})``,
+    computed stably in fp32. A non-finite LSE marks an empty state; two empty states give
+    ``v = 0, s = -inf`` (never NaN).
+
+    Parameters
+    ----------
+    v_a, v_b : torch.Tensor
+        ``[N, H, Dv]`` fp16/bf16/fp32 partial outputs (same shape and dtype; last dim contiguous).
+    s_a, s_b : torch.Tensor
+        ``[N, H]`` LSEs (natural log) of the two states, any float dtype (read as fp32), e.g.
+        ``lse.T`` of ``flash_attn_with_kvcache``'s ``[H, N]`` LSE (no copy needed).
+    v_merged : torch.Tensor, optional
+        ``[N, H, Dv]`` destination in ``v_a``'s dtype.
+    s_merged : torch.Tensor, optional
+        ``[N, H]`` fp32 destination (any strides).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        ``(v_merged [N, H, Dv], s_merged [N, H] fp32)``.
+    """
+    check_tensor("v_a", v_a, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
+    n, h, dv = v_a.shape
+    check_tensor("v_b", v_b, dtypes=(v_a.dtype,), shape=(n, h, dv), last_dim_contiguous=True)
+    for name, s in (("s_a", s_a), ("s_b", s_b)):
+        check_tensor(name, s, dtypes=FLOAT_DTYPES, shape=(n, h))
+    device = check_same_device(v_a=v_a, s_a=s_a, v_b=v_b, s_b=s_b, v_merged=v_merged, s_merged=s_merged)
+    if v_merged is None:
+        v_merged = torch.empty_like(v_a)
+    else:
+        check_tensor("v_merged", v_merged, dtypes=(v_a.dtype,), shape=(n, h, dv), last_dim_contiguous=True)
+    if s_merged is None:
+        s_merged = torch.empty((n, h), dtype=torch.float32, device=device)
+    else:
+        check_tensor("s_merged", s_merged, dtypes=(torch.float32,), shape=(n, h))
+    if n == 0 or h == 0:
+        return v_merged, s_merged
+    with device_guard(device):
+        _merge_state_kernel[(n, h)](
+            v_a, s_a, v_b, s_b, v_merged, s_merged, h, dv,
+            v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), v_merged.stride(0), v_merged.stride(1),
+            s_a.stride(0), s_a.stride(1), s_b.stride(0), s_b.stride(1), s_merged.stride(0), s_merged.stride(1),
+            BLOCK_D=next_power_of_2(dv),
+            num_warps=4,
+        )
+    return v_merged, s_merged

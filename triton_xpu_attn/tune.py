@@ -1,0 +1,101 @@
+"""Kernel configs: loading per-device config files, the built-in fallbacks, and (as
+``python -m triton_xpu_attn.tune``) the tuner that writes those files.
+
+Lookup order for an op and a shape bucket:
+1. ``$TRITON_XPU_ATTN_CONFIG_DIR/<backend>/<device_key>.json`` (a user's own tuning),
+2. the shipped ``autotune_configs/<backend>/<device_key>.json`` (vLLM's convention: one JSON per
+   device, named from the device name, recording the Triton version it was tuned with),
+3. the op's built-in heuristic.
+Within a file, an op maps bucket keys (``"d=128|g=4|p=16|..."``) to configs; a ``"default"``
+entry serves buckets that were not tuned.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+
+from . import device as _device
+
+CONFIG_DIR_ENV = "TRITON_XPU_ATTN_CONFIG_DIR"
+
+#: where the shipped files live: inside the package when installed from a wheel
+#: (``triton_xpu_attn.autotune_configs``), next to the package in a source checkout.
+_SHIPPED_DIRS = (
+    pathlib.Path(__file__).resolve().parent / "autotune_configs",
+    pathlib.Path(__file__).resolve().parent.parent / "autotune_configs",
+)
+
+#: op name -> where its last lookup came from ("user:…", "shipped:…", "heuristic"); the self-check prints it.
+LAST_SOURCE: dict[str, str] = {}
+
+
+def bucket_key(fields: dict) -> str:
+    """Stable text key of a shape bucket, e.g. ``{"d": 128, "g": 4}`` -> ``"d=128|g=4"``."""
+    return "|".join(f"{k}={fields[k]}" for k in sorted(fields))
+
+
+def pow2_bucket(n: int, lo: int = 1, hi: int = 1 << 20) -> int:
+    """Round ``n`` up to a power of two inside ``[lo, hi]``: length and batch buckets."""
+    b = lo
+    while b < n and b < hi:
+        b *= 2
+    return b
+
+
+def config_file_candidates(backend: str, key: str) -> list[tuple[str, pathlib.Path]]:
+    found = []
+    user = os.environ.get(CONFIG_DIR_ENV)
+    if user:
+        found.append(("user", pathlib.Path(user) / backend / f"{key}.json"))
+    for d in _SHIPPED_DIRS:
+        found.append(("shipped", d / backend / f"{key}.json"))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> dict | None:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        return None
+    with p.open() as f:
+        return json.load(f)
+
+
+def clear_cache() -> None:
+    _load.cache_clear()
+
+
+def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
+    """Config for ``op`` at the bucket ``fields``: user file, shipped file, else ``heuristic``.
+
+    Entries of a file config override the heuristic's keys (a file may tune only some knobs).
+    """
+    backend = _device.backend()
+    if backend != "interpreter":
+        key = _device.device_key(device)
+        bucket = bucket_key(fields)
+        for kind, path in config_file_candidates(backend, key):
+            data = _load(str(path))
+            if not data:
+                continue
+            table = data.get("ops", {}).get(op, {})
+            entry = table.get(bucket, table.get("default"))
+            if entry is not None:
+                LAST_SOURCE[op] = f"{kind}:{path.name}"
+                return {**heuristic, **entry}
+    LAST_SOURCE[op] = "heuristic"
+    return dict(heuristic)
+
+
+def launch_options(config: dict) -> dict:
+    """Keyword options for a kernel launch from a config: ``num_warps``/``num_stages`` everywhere,
+    ``grf_mode`` only on XPU (other backends reject it), respelled for the installed Triton."""
+    opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+    if _device.backend() == "xpu" and config.get("grf_mode"):
+        mode = config["grf_mode"]
+        if mode in ("large", "256"):
+            mode = _device.xpu_large_grf_mode()
+        opts["grf_mode"] = mode
+    return opts
