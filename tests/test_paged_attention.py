@@ -1,0 +1,347 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, TOLERANCE, assert_close, poison, rel_error
+from triton_xpu_attn import flash_attn_with_kvcache
+from triton_xpu_attn import reference as ref
+
+PAGE_SIZES = [2**i for i in range(9)]
+GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 12]
+HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]
+
+
+def make_paged_cache(num_pages, page_size, num_kv_heads, head_dim, head_dim_v, dtype, layout, gen):
+    """K and V caches with the layout a serving engine may hand us.
+
+    contiguous: two separate buffers; combined: K and V as slices of one [pages, P, 2, H, D]
+    buffer (vllm-xpu-kernels PR 165); layered: one layer of a [layers, pages, P, H, D] pool;
+    padded: head stride wider than D.
+    """
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    if layout == "combined" and head_dim == head_dim_v:
+        buf = randn(num_pages, page_size, 2, num_kv_heads, head_dim)
+        return buf[:, :, 0], buf[:, :, 1]
+    if layout == "layered":
+        k = randn(3, num_pages, page_size, num_kv_heads, head_dim)[1]
+        v = randn(3, num_pages, page_size, num_kv_heads, head_dim_v)[2]
+        return k, v
+    if layout == "padded":
+        k = randn(num_pages, page_size, num_kv_heads, head_dim + 16)[..., :head_dim]
+        v = randn(num_pages, page_size, num_kv_heads, head_dim_v + 8)[..., 8:]
+        return k, v
+    return randn(num_pages, page_size, num_kv_heads, head_dim), randn(num_pages, page_size, num_kv_heads, head_dim_v)
+
+
+@st.composite
+def attention_problems(draw, max_batch=3, max_q=6, max_ctx=40):
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    batch = draw(st.integers(1, max_batch))
+    group = draw(st.sampled_from(GROUPS))
+    num_kv_heads = draw(st.integers(1, 2))
+    head_dim, head_dim_v = draw(st.sampled_from(HEAD_DIMS))
+    page_size = draw(st.sampled_from(PAGE_SIZES))
+    decode = draw(st.booleans())
+    q_lens = [1 if decode else draw(st.integers(0, max_q)) for _ in range(batch)]
+    ctx = [draw(st.integers(0, max_ctx)) for _ in range(batch)]
+    kv_lens = [c + q for c, q in zip(ctx, q_lens)]
+    if not decode and draw(st.booleans()):
+        kv_lens[0] = q_lens[0] = 0  # an empty request
+    causal = draw(st.booleans())
+    left = draw(st.sampled_from([-1, -1, 0, 3, 17]))
+    right = draw(st.sampled_from([-1, -1, 0, 2])) if not causal else draw(st.sampled_from([-1, 0]))
+    return dict(
+        dtype=dtype, batch=batch, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
+        page_size=page_size, q_lens=q_lens, kv_lens=kv_lens, causal=causal, window=(left, right),
+        softcap=draw(st.sampled_from([0.0, 0.0, 5.0])),
+        sinks=draw(st.booleans()),
+        layout=draw(st.sampled_from(["contiguous", "combined", "layered", "padded"])),
+        num_splits=draw(st.sampled_from([0, 0, 1, 2, 5])),
+        four_d=decode and draw(st.booleans()),
+        give_max_seqlen_q=draw(st.booleans()),
+        extra_pages=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def run_problem(pb, device=DEVICE):
+    gen = torch.Generator().manual_seed(pb["seed"])
+    dtype, page_size = pb["dtype"], pb["page_size"]
+    num_q_heads = pb["group"] * pb["num_kv_heads"]
+    pages_per_req = [-(-n // page_size) for n in pb["kv_lens"]]
+    max_pages = max(pages_per_req + [1]) + pb["extra_pages"]
+    num_pages = sum(pages_per_req) + 2
+    k_cache, v_cache = make_paged_cache(
+        num_pages, page_size, pb["num_kv_heads"], pb["head_dim"], pb["head_dim_v"], dtype, pb["layout"], gen
+    )
+    # a random permutation of physical pages; unused table entries point at page 0 (sglang's dummy)
+    perm = torch.randperm(num_pages - 1, generator=gen) + 1
+    page_table = torch.zeros(pb["batch"], max_pages, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages_per_req):
+        page_table[b, :n] = perm[used : used + n]
+        used += n
+    cu = torch.tensor([0] + torch.tensor(pb["q_lens"]).cumsum(0).tolist(), dtype=torch.int32)
+    total_q = int(cu[-1])
+    q = torch.randn(total_q, num_q_heads, pb["head_dim"], generator=gen).to(dtype)
+    sinks = torch.randn(num_q_heads, generator=gen) if pb["sinks"] else None
+    seqlens = torch.tensor(pb["kv_lens"], dtype=torch.int32)
+    kwargs = dict(causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"], sinks=sinks)
+    out_ref, lse_ref = ref.paged_attention(q, k_cache, v_cache, seqlens, page_table, cu, **kwargs)
+
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    out = poison(torch.empty(total_q, num_q_heads, pb["head_dim_v"], dtype=dtype, device=device))
+    call = dict(
+        cache_seqlens=to(seqlens), page_table=to(page_table), return_softmax_lse=True, out=out,
+        num_splits=pb["num_splits"], **{**kwargs, "sinks": to(sinks)},
+    )
+    if pb["four_d"]:
+        q_in = q.reshape(pb["batch"], 1, num_q_heads, pb["head_dim"])
+    else:
+        q_in = q
+        call["cu_seqlens_q"] = to(cu)
+        if pb["give_max_seqlen_q"]:
+            call["max_seqlen_q"] = max(pb["q_lens"])
+    got, lse = flash_attn_with_kvcache(to(q_in), to(k_cache), to(v_cache), **call)
+    return got, lse, out, out_ref, lse_ref
+
+
+def check_lse(lse, lse_ref, dtype):
+    lse = lse.cpu().double()
+    assert not torch.isnan(lse).any()
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite), "LSE must be -inf exactly where a row sees no key"
+    if finite.any():
+        err = (lse[finite] - lse_ref[finite]).abs().max().item()
+        assert err < (1e-4 if dtype == torch.float32 else 2e-2), f"LSE error {err}"
+
+
+@given(pb=attention_problems())
+def test_matches_reference(pb):
+    got, lse, out, out_ref, lse_ref = run_problem(pb)
+    assert got is out
+    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
+    assert_close(got, out_ref, pb["dtype"])
+    check_lse(lse, lse_ref, pb["dtype"])
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_every_page_size_decode_and_prefill(page_size):
+    for decode in (True, False):
+        pb = dict(
+            dtype=torch.float32, batch=2, group=4, num_kv_heads=2, head_dim=64, head_dim_v=64, page_size=page_size,
+            q_lens=[1, 1] if decode else [5, 2], kv_lens=[37, 9], causal=True, window=(-1, -1), softcap=0.0,
+            sinks=False, layout="contiguous", num_splits=0 if decode else 1, four_d=False, give_max_seqlen_q=True,
+            extra_pages=1, seed=page_size,
+        )
+        got, lse, _, out_ref, lse_ref = run_problem(pb)
+        assert_close(got, out_ref, torch.float32)
+        check_lse(lse, lse_ref, torch.float32)
+
+
+def test_window_with_sinks_and_softcap_with_window():
+    # the two bugs of the vllm-xpu-kernels reference: NaN with window + sinks, softcap after the mask
+    for softcap, sinks in ((0.0, True), (2.0, False), (2.0, True)):
+        pb = dict(
+            dtype=torch.float32, batch=2, group=2, num_kv_heads=1, head_dim=64, head_dim_v=64, page_size=4,
+            q_lens=[3, 1], kv_lens=[30, 22], causal=True, window=(4, 0), softcap=softcap, sinks=sinks,
+            layout="contiguous", num_splits=3, four_d=False, give_max_seqlen_q=False, extra_pages=0, seed=1,
+        )
+        got, lse, _, out_ref, lse_ref = run_problem(pb)
+        assert_close(got, out_ref, torch.float32)
+        check_lse(lse, lse_ref, torch.float32)
+
+
+def test_reference_hand_example():
+    # one query, two keys with logits 0 and log(3) (scale 1): weights 1/4 and 3/4
+    q = torch.tensor([[[1.0, 0.0]]])
+    k = torch.tensor([[[[0.0, 0.0]], [[math.log(3), 0.0]]]])  # [1 page, 2 tokens, 1 head, 2]
+    v = torch.tensor([[[[4.0, 0.0]], [[8.0, 4.0]]]])
+    out, lse = ref.paged_attention(
+        q, k, v, torch.tensor([2]), torch.tensor([[0]]), torch.tensor([0, 1]), softmax_scale=1.0
+    )
+    assert torch.allclose(out, torch.tensor([[[7.0, 3.0]]], dtype=torch.float64))
+    assert lse.item() == pytest.approx(math.log(4))
+    # a sink with logit log(4) joins the denominator only: weights 1/8 and 3/8
+    out, lse = ref.paged_attention(
+        q, k, v, torch.tensor([2]), torch.tensor([[0]]), torch.tensor([0, 1]), softmax_scale=1.0,
+        sinks=torch.tensor([math.log(4)]),
+    )
+    assert torch.allclose(out, torch.tensor([[[3.5, 1.5]]], dtype=torch.float64))
+    assert lse.item() == pytest.approx(math.log(8))
+    # window (0, 0) with causal: the last query sees only itself; the first of 2 queries sees key 0
+    out, _ = ref.paged_attention(
+        torch.ones(2, 1, 2), k, v, torch.tensor([2]), torch.tensor([[0]]), torch.tensor([0, 2]), causal=True,
+        window_size=(0, 0),
+    )
+    assert torch.allclose(out[:, 0], torch.tensor([[4.0, 0.0], [8.0, 4.0]], dtype=torch.float64))
+    # softcap before masking: a capped logit still loses to a masked one (-inf), never becomes -cap
+    mask = ref.visible_keys(2, 5, causal=True, window_size=(1, 0))
+    assert mask.tolist() == [[False, False, True, True, False], [False, False, False, True, True]]
+
+
+def test_zero_length_and_padding_rows_are_defined():
+    # request 1 has no keys; rows 3..4 of q lie past cu_seqlens_q[-1] (padding of a ragged batch)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(4, 16, 1, 64, generator=gen)
+    v = torch.randn(4, 16, 1, 64, generator=gen)
+    q = torch.randn(5, 2, 64, generator=gen)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32)
+    seqlens = torch.tensor([20, 0], dtype=torch.int32)
+    table = torch.tensor([[1, 2], [0, 0]], dtype=torch.int32)
+    for splits in (1, 3):
+        out = poison(torch.empty(5, 2, 64, device=DEVICE))
+        got, lse = flash_attn_with_kvcache(
+            q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+            cu_seqlens_q=cu.to(DEVICE), return_softmax_lse=True, out=out, num_splits=splits,
+            sinks=torch.ones(2, device=DEVICE),
+        )
+        got, lse = got.cpu(), lse.cpu()
+        assert torch.equal(got[2:], torch.zeros(3, 2, 64))
+        assert torch.isneginf(lse[:, 2:]).all()
+        out_ref, _ = ref.paged_attention(q[:3], k, v, seqlens, table, cu, sinks=torch.ones(2))
+        assert_close(got[:3], out_ref, torch.float32)
+
+
+def test_default_output_allocation_and_4d_q():
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(6, 8, 2, 64, generator=gen).half()
+    v = torch.randn(6, 8, 2, 64, generator=gen).half()
+    q = torch.randn(2, 3, 4, 64, generator=gen).half()  # [B, S, Hq, D]: 3 draft tokens per request
+    seqlens = torch.tensor([12, 20], dtype=torch.int32)
+    table = torch.tensor([[5, 1, 0], [2, 3, 4]], dtype=torch.int32)
+    got = flash_attn_with_kvcache(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+        causal=True,
+    )
+    assert got.shape == (6, 4, 64) and got.dtype == torch.float16
+    out_ref, _ = ref.paged_attention(q, k, v, seqlens, table, causal=True)
+    assert_close(got, out_ref, torch.float16)
+
+
+def test_int_cache_seqlens_and_scalar_descale():
+    gen = torch.Generator().manual_seed(4)
+    k = torch.randn(3, 16, 1, 64, generator=gen)
+    v = torch.randn(3, 16, 1, 64, generator=gen)
+    q = torch.randn(2, 1, 2, 64, generator=gen)
+    table = torch.tensor([[1], [2]], dtype=torch.int32)
+    got = flash_attn_with_kvcache(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=16, page_table=table.to(DEVICE), k_descale=0.5,
+        v_descale=torch.tensor(2.0, device=DEVICE),
+    )
+    out_ref, _ = ref.paged_attention(q, k, v, torch.tensor([16, 16]), table, k_descale=0.5, v_descale=2.0)
+    assert_close(got, out_ref, torch.float32)
+
+
+@pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("per_head_scale", [False, True])
+def test_fp8_cache(fp8, per_head_scale):
+    fp8 = getattr(torch, fp8)
+    gen = torch.Generator().manual_seed(5)
+    batch, hkv, hq = 2, 2, 4
+    k = (torch.randn(5, 16, hkv, 64, generator=gen) * 4).to(fp8)
+    v = (torch.randn(5, 16, hkv, 64, generator=gen) * 4).to(fp8)
+    q = torch.randn(batch, hq, 64, generator=gen).half()
+    table = torch.tensor([[1, 3], [2, 4]], dtype=torch.int32)
+    seqlens = torch.tensor([30, 17], dtype=torch.int32)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    if per_head_scale:
+        k_scale, v_scale = torch.rand(batch, hkv, generator=gen) + 0.1, torch.rand(batch, hkv, generator=gen) + 0.1
+    else:
+        k_scale, v_scale = torch.tensor(0.25), torch.tensor(0.5)
+    out = poison(torch.empty(batch, hq, 64, dtype=torch.float16, device=DEVICE))
+    got = flash_attn_with_kvcache(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+        cu_seqlens_q=cu.to(DEVICE), k_descale=k_scale.to(DEVICE), v_descale=v_scale.to(DEVICE), out=out, num_splits=2,
+    )
+    out_ref, _ = ref.paged_attention(q, k, v, seqlens, table, cu, k_descale=k_scale, v_descale=v_scale)
+    assert_close(got, out_ref, torch.float16)
+
+
+def test_large_gqa_group_uses_several_head_blocks():
+    # 128 query heads on one KV head: more heads than one tile holds
+    gen = torch.Generator().manual_seed(6)
+    k = torch.randn(3, 16, 1, 64, generator=gen)
+    v = torch.randn(3, 16, 1, 64, generator=gen)
+    q = torch.randn(1, 128, 64, generator=gen)
+    table = torch.tensor([[2, 1]], dtype=torch.int32)
+    seqlens = torch.tensor([25], dtype=torch.int32)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    got = flash_attn_with_kvcache(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+        cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=1,
+    )
+    out_ref, _ = ref.paged_attention(q, k, v, seqlens, table, cu)
+    assert_close(got, out_ref, torch.float32)
+
+
+def _valid_args():
+    return dict(
+        q=torch.zeros(2, 4, 64, device=DEVICE),
+        k_cache=torch.zeros(3, 16, 2, 64, device=DEVICE),
+        v_cache=torch.zeros(3, 16, 2, 64, device=DEVICE),
+        cache_seqlens=torch.ones(2, dtype=torch.int32, device=DEVICE),
+        page_table=torch.ones(2, 1, dtype=torch.int32, device=DEVICE),
+        cu_seqlens_q=torch.arange(3, dtype=torch.int32, device=DEVICE),
+    )
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(q=torch.zeros(2, 4, 64, dtype=torch.int32)), TypeError, "q must have dtype"),
+        (dict(k_cache=torch.zeros(3, 16, 2, 64, dtype=torch.float16)), TypeError, "k_cache"),
+        (dict(v_cache=torch.zeros(3, 16, 2, 64, dtype=torch.float16)), TypeError, "v_cache"),
+        (dict(page_table=torch.ones(2, 1, dtype=torch.int64)), TypeError, "page_table"),
+        (dict(cache_seqlens=torch.ones(2, dtype=torch.int64)), TypeError, "cache_seqlens"),
+        (dict(q=torch.zeros(2, 4, 128)[..., ::2]), ValueError, "stride"),
+        (dict(k_cache=torch.zeros(3, 16, 2, 128)[..., ::2]), ValueError, "stride"),
+        (dict(v_cache=torch.zeros(3, 16, 2, 128)[..., ::2]), ValueError, "stride"),
+        (dict(q=torch.zeros(2, 3, 64)), ValueError, "multiple of the KV heads"),
+        (dict(k_cache=torch.zeros(3, 12, 2, 64), v_cache=torch.zeros(3, 12, 2, 64)), ValueError, "page_size"),
+        (dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)), ValueError, "cu_seqlens_q"),
+        (dict(cu_seqlens_q=None), ValueError, "cu_seqlens_q"),
+        (dict(q=torch.zeros(2, 4, 48), k_cache=torch.zeros(3, 16, 2, 48), v_cache=torch.zeros(3, 16, 2, 48)), ValueError, "head dim"),
+        (dict(q=torch.zeros(2, 4, 32)), ValueError, "head dim"),
+        (dict(v_cache=torch.zeros(3, 8, 2, 64)), ValueError, "v_cache must have shape"),
+        (dict(cache_seqlens=torch.ones(3, dtype=torch.int32)), ValueError, "cache_seqlens"),
+        (dict(page_table=torch.ones(2, 1, dtype=torch.int32, device="meta")), ValueError, "on one device"),
+        (dict(k=torch.zeros(2, 2, 64)), ValueError, "k: appending"),
+        (dict(v=torch.zeros(2, 2, 64)), ValueError, "v: appending"),
+        (dict(qv=torch.zeros(2, 4, 64)), ValueError, "qv"),
+        (dict(window_size=(-2, 0)), ValueError, "window_size"),
+        (dict(softcap=-1.0), ValueError, "softcap"),
+        (dict(sinks=torch.zeros(3)), ValueError, "sinks"),
+        (dict(k_descale=torch.ones(2, 3)), ValueError, "k_descale"),
+        (dict(out=torch.zeros(2, 4, 32)), ValueError, "out"),
+        (dict(num_splits=-1), ValueError, "num_splits"),
+    ],
+)
+def test_rejects_bad_input(change, error, match):
+    args = _valid_args()
+    args.update({k: (v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type != "meta" else v) for k, v in change.items()})
+    q, k_cache, v_cache = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_larger_problems(dtype):
+    """Compiled only: longer sequences, bf16, all options, against the float64 reference."""
+    for seed in range(6):
+        pb = dict(
+            dtype=dtype, batch=4, group=[1, 4, 6, 8][seed % 4], num_kv_heads=2, head_dim=128, head_dim_v=128,
+            page_size=[1, 16, 64, 256][seed % 4], q_lens=[1, 7, 33, 1], kv_lens=[700, 300, 1200, 1], causal=True,
+            window=[(-1, -1), (127, 0)][seed % 2], softcap=[0.0, 30.0][seed % 2 == 1 and seed > 2],
+            sinks=seed % 3 == 0, layout=["contiguous", "combined", "layered", "padded"][seed % 4],
+            num_splits=[0, 1, 4][seed % 3], four_d=False, give_max_seqlen_q=seed % 2 == 0, extra_pages=2, seed=seed,
+        )
+        got, lse, _, out_ref, lse_ref = run_problem(pb)
+        assert_close(got, out_ref, dtype)
+        check_lse(lse, lse_ref, dtype)

@@ -1,0 +1,631 @@
+"""Paged attention: ``flash_attn_with_kvcache`` (sgl-kernel-xpu compatible), decode and q_len > 1.
+
+One kernel serves decode, speculative drafts and chunked prefill. A program owns
+
+* one request and a tile of its queries (``BLOCK_Q`` tokens) times a block of the query heads
+  that share one KV head (GQA packing: the rows of the ``tl.dot`` M dimension are
+  ``(token, head)`` pairs, so each KV tile is read once for the whole group),
+* one KV head,
+* one KV split (flash-decoding): the keys a tile of queries can see are cut into splits whose
+  partial results are merged, in a fixed order, by ``combine_splits``.
+
+The split count is chosen on the host from shapes only (page-table width, batch, heads, compute
+units) and refined per request on the device from its real length, so no launch syncs with the
+host and the whole call can be captured in a CUDA/XPU graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device
+from .. import tune
+from .._common import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    cdiv,
+    check_page_size,
+    check_same_device,
+    check_tensor,
+    device_guard,
+    next_power_of_2,
+    register_xpu_compile,
+)
+from .merge_state import combine_splits
+
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+
+# How queries map to programs (constexpr Q_MAPPING):
+_UNIFORM = 0  # q given as [B, S, ...]: request b owns rows b*S .. b*S+S-1
+_PER_REQUEST = 1  # grid of B x cdiv(max_seqlen_q, BLOCK_Q) programs, lengths from cu_seqlens_q
+_SEARCH = 2  # grid of cdiv(total_q, BLOCK_Q) + B programs, request found by binary search
+
+
+@triton.jit
+def _find_request(cu_seqlens_q_ptr, pid, batch, BLOCK_Q: tl.constexpr):
+    """Largest b with ``cu_seqlens_q[b] // BLOCK_Q + b <= pid`` (vLLM's varlen tile numbering:
+    request b's query tiles are numbered from ``cu_seqlens_q[b] // BLOCK_Q + b``)."""
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = lo + batch - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= pid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, stride_q_t, stride_q_h,
+    k_cache_ptr, stride_k_page, stride_k_tok, stride_k_head,
+    v_cache_ptr, stride_v_page, stride_v_tok, stride_v_head,
+    page_table_ptr, stride_pt_b,
+    cache_seqlens_ptr,
+    cu_seqlens_q_ptr,
+    k_descale_ptr, stride_kd_b, stride_kd_h,
+    v_descale_ptr, stride_vd_b, stride_vd_h,
+    sinks_ptr,
+    out_ptr, stride_o_t, stride_o_h,
+    lse_ptr, stride_lse_h, stride_lse_t,
+    partial_out_ptr, stride_po_t, stride_po_h, stride_po_s,
+    partial_lse_ptr, stride_pl_t, stride_pl_h,
+    batch, total_q, num_q_programs, uniform_q_len, tiles_per_request, num_head_blocks,
+    group_size, head_dim, head_dim_v,
+    sm_scale, softcap, window_left, window_right,
+    num_kv_splits, min_split_tokens,
+    Q_MAPPING: tl.constexpr,
+    PAD_ROWS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEADS_PER_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_K_DESCALE: tl.constexpr,
+    HAS_V_DESCALE: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
+    LOG2E: tl.constexpr = 1.4426950408889634
+    LN2: tl.constexpr = 0.6931471805599453
+
+    pid_q = tl.program_id(0)
+    kv_head = tl.program_id(1) // num_head_blocks
+    head_block = tl.program_id(1) % num_head_blocks
+    split = tl.program_id(2)
+
+    rows = tl.arange(0, BLOCK_M)
+    head_in_group = head_block * HEADS_PER_BLOCK + rows % HEADS_PER_BLOCK
+    q_head = kv_head * group_size + head_in_group
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+
+    if PAD_ROWS:
+        # one extra program per head block defines the rows past cu_seqlens_q[B] (padding of a
+        # ragged batch): output 0, LSE -inf, as for an empty request
+        if pid_q == num_q_programs:
+            for r0 in range(tl.load(cu_seqlens_q_ptr + batch), total_q, BLOCK_Q):
+                token = (r0 + rows // HEADS_PER_BLOCK).to(tl.int64)
+                pad_mask = (token < total_q) & (head_in_group < group_size)
+                if SPLIT_KV:
+                    tl.store(partial_lse_ptr + token * stride_pl_t + q_head * stride_pl_h + split,
+                             tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad_mask)
+                else:
+                    tl.store(out_ptr + token[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
+                             tl.zeros([BLOCK_M, BLOCK_DV], dtype=out_ptr.dtype.element_ty),
+                             mask=pad_mask[:, None] & (dv[None, :] < head_dim_v))
+                    if WRITE_LSE:
+                        tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t,
+                                 tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad_mask)
+            return
+
+    # ---- which request and which of its query rows this program owns ----
+    if Q_MAPPING == 0:
+        b = pid_q // tiles_per_request
+        q_tile = pid_q % tiles_per_request
+        q_start = b * uniform_q_len
+        q_len = uniform_q_len
+    elif Q_MAPPING == 1:
+        b = pid_q // tiles_per_request
+        q_tile = pid_q % tiles_per_request
+        q_start = tl.load(cu_seqlens_q_ptr + b)
+        q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
+    else:
+        b = _find_request(cu_seqlens_q_ptr, pid_q, batch, BLOCK_Q)
+        q_start = tl.load(cu_seqlens_q_ptr + b)
+        q_tile = pid_q - (q_start // BLOCK_Q + b)
+        q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+
+    q_row = q_tile * BLOCK_Q + rows // HEADS_PER_BLOCK  # query index inside the request
+    row_valid = (q_row < q_len) & (head_in_group < group_size)
+    token = (q_start + q_row).to(tl.int64)  # row of q / out
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_t + q_head[:, None] * stride_q_h + d[None, :],
+        mask=row_valid[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
+
+    # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
+    kv_len = tl.load(cache_seqlens_ptr + b)
+    pos = kv_len - q_len + q_row  # absolute position of each query row
+    row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
+    row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
+    if CAUSAL:
+        row_hi = tl.minimum(row_hi, pos)
+    first_pos = kv_len - q_len + q_tile * BLOCK_Q
+    last_pos = kv_len - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    lo = tl.where(window_left >= 0, tl.maximum(first_pos - window_left, 0), 0)
+    hi = tl.where(window_right >= 0, tl.minimum(kv_len, last_pos + window_right + 1), kv_len)
+    if CAUSAL:
+        hi = tl.minimum(hi, last_pos + 1)
+    lo = (lo // BLOCK_N) * BLOCK_N  # tiles start on BLOCK_N boundaries: whole-page tiles
+    hi = tl.maximum(hi, lo)
+
+    if SPLIT_KV:
+        # per request, as many splits as its visible length warrants (at most num_kv_splits)
+        num_tokens = hi - lo
+        splits_here = tl.maximum(tl.minimum(num_kv_splits, tl.cdiv(num_tokens, min_split_tokens)), 1)
+        per_split = tl.cdiv(tl.cdiv(num_tokens, splits_here), BLOCK_N) * BLOCK_N
+        start = tl.minimum(lo + split * per_split, hi)
+        end = tl.minimum(start + per_split, hi)
+    else:
+        start = lo
+        end = hi
+
+    # ---- scales: K's dequant factor folds into the softmax scale (base 2 from here on) ----
+    qk_scale = sm_scale
+    if HAS_K_DESCALE:
+        qk_scale *= tl.load(k_descale_ptr + b * stride_kd_b + kv_head * stride_kd_h).to(tl.float32)
+    if not HAS_SOFTCAP:
+        qk_scale *= LOG2E
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_k_head
+    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_v_head
+    pt_row = page_table_ptr + b.to(tl.int64) * stride_pt_b
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        key = n0 + offs_n
+        key_valid = key < end
+        if PAGE_SIZE >= BLOCK_N:
+            # the whole tile lies in one page: one page-table read, contiguous token rows
+            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+            k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
+            v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
+        else:
+            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+            k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
+            v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
+        k = tl.load(
+            k_base + k_rows[None, :] + d[:, None],
+            mask=key_valid[None, :] & (d[:, None] < head_dim),
+            other=0.0,
+        )
+        s = tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
+        if HAS_SOFTCAP:
+            # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
+            s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
+        visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_base + v_rows[:, None] + dv[None, :],
+            mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
+            other=0.0,
+        )
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_key = l_i > 0.0
+    v_scale = 1.0
+    if HAS_V_DESCALE:
+        v_scale = tl.load(v_descale_ptr + b * stride_vd_b + kv_head * stride_vd_h).to(tl.float32)
+    if SPLIT_KV:
+        # this split's normalised output and natural-log LSE (-inf when it saw no key)
+        o = acc * (v_scale / tl.where(has_key, l_i, 1.0))[:, None]
+        lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+        tl.store(
+            partial_out_ptr + token[:, None] * stride_po_t + q_head[:, None] * stride_po_h + split * stride_po_s + dv[None, :],
+            o,
+            mask=row_valid[:, None] & (dv[None, :] < head_dim_v),
+        )
+        tl.store(partial_lse_ptr + token * stride_pl_t + q_head * stride_pl_h + split, lse, mask=row_valid)
+    else:
+        if HAS_SINKS:
+            # the sink joins the denominator only, for rows that saw at least one key
+            sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+            m_f = tl.maximum(m_i, sink)  # finite: no -inf - -inf on rows without keys
+            rescale = tl.exp2(m_i - m_f)
+            l_i = tl.where(has_key, l_i * rescale + tl.exp2(sink - m_f), l_i)
+            acc = acc * rescale[:, None]
+            m_i = tl.where(has_key, m_f, m_i)
+        o = acc * (v_scale / tl.where(has_key, l_i, 1.0))[:, None]
+        tl.store(
+            out_ptr + token[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & (dv[None, :] < head_dim_v),
+        )
+        if WRITE_LSE:
+            lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+            tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t, lse, mask=row_valid)
+
+
+def _register_compile_variants():
+    common = dict(
+        q_ptr="*bf16", stride_q_t="i64", stride_q_h="i32",
+        k_cache_ptr="*bf16", stride_k_page="i64", stride_k_tok="i32", stride_k_head="i32",
+        v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
+        page_table_ptr="*i32", stride_pt_b="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
+        v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
+        sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
+        lse_ptr="*fp32", stride_lse_h="i64", stride_lse_t="i32",
+        partial_out_ptr="*fp32", stride_po_t="i64", stride_po_h="i32", stride_po_s="i32",
+        partial_lse_ptr="*fp32", stride_pl_t="i32", stride_pl_h="i32",
+        batch="i32", total_q="i32", num_q_programs="i32", uniform_q_len="i32", tiles_per_request="i32", num_head_blocks="i32",
+        group_size="i32", head_dim="i32", head_dim_v="i32",
+        sm_scale="fp32", softcap="fp32", window_left="i32", window_right="i32",
+        num_kv_splits="i32", min_split_tokens="i32",
+        Q_MAPPING=_PER_REQUEST, PAD_ROWS=True, BLOCK_Q=4, HEADS_PER_BLOCK=4, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128,
+        PAGE_SIZE=64, CAUSAL=True, HAS_SOFTCAP=False, HAS_SINKS=False, HAS_K_DESCALE=False,
+        HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
+    )
+    register_xpu_compile(_paged_attention_kernel, "decode,bf16,D128,g4,P64,split", common, dots=2, num_warps=4, op="paged_attention")
+    register_xpu_compile(
+        _paged_attention_kernel, "prefill,fp16,D64,g8,P16,window,sinks,softcap",
+        {**common, "q_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16", "out_ptr": "*fp16",
+         "Q_MAPPING": _SEARCH, "BLOCK_Q": 8, "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 64,
+         "PAGE_SIZE": 16, "HAS_SOFTCAP": True, "HAS_SINKS": True, "SPLIT_KV": False, "WRITE_LSE": True},
+        dots=2, num_warps=4, op="paged_attention",
+    )
+    register_xpu_compile(
+        _paged_attention_kernel, "decode,bf16,fp8-e4m3 KV,D128,g8,P128",
+        {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
+         "HEADS_PER_BLOCK": 8, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True},
+        dots=2, num_warps=4, op="paged_attention",
+    )
+
+
+_register_compile_variants()
+
+
+# ------------------------------------------------------------------------------------------
+# launcher
+# ------------------------------------------------------------------------------------------
+
+_UNSUPPORTED = {
+    "k": "appending new keys inside the call is not supported: write k/v into the cache first",
+    "v": "appending new values inside the call is not supported: write k/v into the cache first",
+    "qv": "qv (absorbed-MLA extend) is not supported: use flash_mla_decode for MLA",
+    "rotary_cos": "rotary embedding inside attention is not supported: apply it to q/k beforehand",
+    "rotary_sin": "rotary embedding inside attention is not supported: apply it to q/k beforehand",
+    "rotary_seqlens": "rotary embedding inside attention is not supported",
+    "cache_batch_idx": "cache_batch_idx is not supported: index page_table instead",
+    "cache_leftpad": "cache_leftpad is not supported",
+    "cu_seqlens_k_new": "cu_seqlens_k_new (in-call cache append) is not supported",
+    "q_descale": "q_descale is not supported: pass q in fp16/bf16/fp32",
+}
+
+
+def _heuristic_config(decode_like: bool, head_dim: int, page_size: int) -> dict:
+    block_n = 64 if head_dim <= 128 else 32
+    return dict(
+        BLOCK_N=block_n,
+        BLOCK_M=64,  # query rows (token x head) of a prefill tile
+        num_warps=4,
+        num_stages=2,
+        min_split_tokens=256,  # a split covers at least this many keys
+        waves=2,  # aim for this many programs per compute unit when splitting
+        max_splits=64,
+        grf_mode="256" if head_dim > 128 else None,
+    )
+
+
+def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.Tensor | None:
+    """A descale as a float32 tensor addressed with (b, kv_head) strides: scalar -> strides 0."""
+    if scale is None:
+        return None
+    if not isinstance(scale, torch.Tensor):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"{name} must be a float, a 1-element tensor or a [B, H_kv] tensor")
+        return torch.full((1, 1), float(scale), dtype=torch.float32, device=device).expand(batch, num_kv_heads)
+    check_tensor(name, scale, dtypes=FLOAT_DTYPES)
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device} but q is on {device}")
+    if scale.numel() == 1:
+        return scale.reshape(1, 1).to(torch.float32).expand(batch, num_kv_heads)
+    if tuple(scale.shape) != (batch, num_kv_heads):
+        raise ValueError(f"{name} must be a scalar or have shape [{batch}, {num_kv_heads}], got {list(scale.shape)}")
+    return scale.to(torch.float32)
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    *,
+    cache_seqlens: torch.Tensor | int,
+    page_table: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    softmax_scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    causal: bool = False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata=None,
+    num_splits: int = 0,
+    pack_gqa=None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    out: torch.Tensor | None = None,
+):
+    """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill).
+
+    Drop-in for sgl-kernel-xpu's ``flash_attn_with_kvcache`` (same keyword names). The causal mask
+    and windows are bottom-right aligned: query ``t`` of a request with ``q_len`` queries sits at
+    position ``cache_seqlens[b] - q_len + t``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[total_q, Hq, D]`` ragged queries with ``cu_seqlens_q``, or ``[B, S, Hq, D]`` (S = 1 is
+        decode). fp16, bf16 or fp32; last dim contiguous, other strides free.
+    k_cache, v_cache : torch.Tensor
+        ``[num_pages, page_size, H_kv, D]`` and ``[num_pages, page_size, H_kv, Dv]``, q's dtype or
+        fp8 (``float8_e4m3fn``/``float8_e5m2``, then with ``k_descale``/``v_descale``). Any strides
+        with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
+        or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
+        power of two from 1 to 256. Offsets are 64-bit: caches beyond 2^31 elements work.
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, rotary_seqlens, q_descale
+        Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` (these
+        features are not implemented, and are never silently dropped).
+    cache_seqlens : torch.Tensor or int
+        ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
+    page_table : torch.Tensor
+        ``[B, max_pages]`` int32, **page-granular**: physical page of each logical page.
+        ``cache_seqlens[b] <= max_pages * page_size`` is the caller's promise (not checked on the
+        device).
+    cu_seqlens_q : torch.Tensor, optional
+        ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
+    max_seqlen_q : int, optional
+        Longest query length of the batch (a promise, as in FlashAttention). When given it sizes
+        the grid directly; otherwise requests are found by a binary search on the device.
+    max_seqlen_k, rotary_interleaved, scheduler_metadata, pack_gqa, sm_margin
+        Hints accepted for compatibility and ignored (GQA packing is always on).
+    k_descale, v_descale : float or torch.Tensor, optional
+        Dequantisation factors of an fp8 cache: a scalar or ``[B, H_kv]``. The K factor folds into
+        the softmax scale; the V factor multiplies the output.
+    softmax_scale : float, optional
+        Scale of ``q . k``; default ``D ** -0.5``.
+    sinks : torch.Tensor, optional
+        ``[Hq]`` float logits (natural log, unscaled) that join each row's softmax denominator.
+    causal : bool
+        Bottom-right aligned causal mask.
+    window_size : tuple[int, int]
+        ``(left, right)``, inclusive: a query at position i sees keys ``[i - left, i + right]``;
+        -1 means unbounded. ``(W, 0)`` sees ``W + 1`` keys.
+    softcap : float
+        If > 0, logits become ``softcap * tanh(logits / softcap)`` before masking.
+    num_splits : int
+        KV splits: 0 = automatic (from compute units, batch, heads and the table width), 1 = none,
+        n > 1 = at most n (each request uses fewer when it is short).
+    return_softmax_lse : bool
+        Also return the LSE ``[Hq, total_q]`` fp32 (natural log, sinks included).
+    out : torch.Tensor, optional
+        ``[total_q, Hq, Dv]`` destination in q's dtype (last dim contiguous).
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, torch.Tensor]
+        ``out [total_q, Hq, Dv]`` in q's dtype (always ragged 3-D), and with
+        ``return_softmax_lse`` also ``lse [Hq, total_q]`` fp32. Rows that see no key (empty
+        requests, padding) give 0 and LSE ``-inf``.
+    """
+    for name, value in (
+        ("k", k), ("v", v), ("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
+    ):
+        if value is not None:
+            raise ValueError(f"{name}: {_UNSUPPORTED[name]}")
+
+    # ---- shapes and dtypes ----
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
+    kv_dtypes = (q.dtype,) + FP8_DTYPES
+    check_tensor("k_cache", k_cache, dtypes=kv_dtypes, ndim=4, last_dim_contiguous=True)
+    check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, last_dim_contiguous=True)
+    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
+    check_page_size(page_size, "page_size (k_cache.shape[1])")
+    if tuple(v_cache.shape[:3]) != (num_pages, page_size, num_kv_heads):
+        raise ValueError(
+            f"v_cache must have shape [{num_pages}, {page_size}, {num_kv_heads}, Dv] like k_cache, got {list(v_cache.shape)}"
+        )
+    head_dim_v = v_cache.shape[3]
+    num_q_heads = q.shape[-2]
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"q's head dim ({q.shape[-1]}) must equal k_cache's ({head_dim})")
+    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
+        if dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"the query heads ({num_q_heads}) must be a multiple of the KV heads ({num_kv_heads})")
+    group_size = num_q_heads // num_kv_heads
+
+    check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
+    batch = page_table.shape[0]
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
+    if not cache_seqlens.is_contiguous():
+        cache_seqlens = cache_seqlens.contiguous()
+
+    if q.dim() == 4:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q must not be given with a 4-D q [B, S, Hq, D]")
+        if q.shape[0] != batch:
+            raise ValueError(f"q has {q.shape[0]} requests but page_table has {batch} rows")
+        uniform_q_len = q.shape[1]
+        max_q = uniform_q_len
+        q = q.reshape(batch * uniform_q_len, num_q_heads, head_dim)  # a view whenever strides allow
+        mapping = _UNIFORM
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError("cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]")
+        check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1)
+        if cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(
+                f"len(cu_seqlens_q) must be B + 1 = {batch + 1} (B from page_table and cache_seqlens), got {cu_seqlens_q.shape[0]}"
+            )
+        if not cu_seqlens_q.is_contiguous():
+            cu_seqlens_q = cu_seqlens_q.contiguous()
+        uniform_q_len = 0
+        max_q = max_seqlen_q if max_seqlen_q else None
+        mapping = _PER_REQUEST if max_q is not None else _SEARCH
+    total_q = q.shape[0]
+
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1, got {tuple(window_size)}")
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0, got {softcap}")
+    device = check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
+        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
+    )
+    if sinks is not None:
+        check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
+        sinks = sinks.contiguous()
+    k_scale = _as_scale("k_descale", k_descale, batch, num_kv_heads, device)
+    v_scale = _as_scale("v_descale", v_descale, batch, num_kv_heads, device)
+    if out is None:
+        out = torch.empty((total_q, num_q_heads, head_dim_v), dtype=q.dtype, device=device)
+    else:
+        check_tensor("out", out, dtypes=(q.dtype,), shape=(total_q, num_q_heads, head_dim_v), last_dim_contiguous=True)
+    lse = torch.empty((num_q_heads, total_q), dtype=torch.float32, device=device) if return_softmax_lse else None
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
+
+    if total_q == 0 or batch == 0:
+        return (out, lse) if return_softmax_lse else out
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+
+    # ---- tiling: (token, head) rows of one KV head's query group ----
+    decode_like = max_q is not None and max_q <= 16
+    config = tune.lookup(
+        "paged_attention",
+        dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
+             q="decode" if decode_like else "prefill", dtype=str(k_cache.dtype).replace("torch.", "")),
+        _heuristic_config(decode_like, head_dim, page_size),
+        device=device,
+    )
+    heads_per_block = min(next_power_of_2(group_size), 64)
+    num_head_blocks = cdiv(group_size, heads_per_block)
+    if decode_like and next_power_of_2(max_q) * heads_per_block <= config["BLOCK_M"]:
+        block_q = next_power_of_2(max_q)  # every query of a request in one tile: KV read once
+    else:
+        block_q = max(1, config["BLOCK_M"] // heads_per_block)
+    block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
+    if mapping == _SEARCH:
+        num_q_programs = cdiv(total_q, block_q) + batch
+        tiles_per_request = 0
+    else:
+        tiles_per_request = cdiv(max_q, block_q) if max_q else 1
+        num_q_programs = batch * tiles_per_request
+
+    # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
+    max_kv_len = page_table.shape[1] * page_size
+    if left >= 0:
+        max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
+    programs = num_q_programs * num_kv_heads * num_head_blocks
+    if num_splits == 0:
+        splits = cdiv(config["waves"] * _device.compute_units(device), programs)
+        splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
+    else:
+        splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))
+    splits = max(1, splits)
+    split_kv = splits > 1
+    min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
+
+    if split_kv:
+        partial_out = torch.empty((total_q, num_q_heads, splits, head_dim_v), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((total_q, num_q_heads, splits), dtype=torch.float32, device=device)
+    else:
+        partial_out = partial_lse = out  # placeholders, never touched
+    lse_arg = lse if lse is not None else out
+    pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
+    with device_guard(device):
+        _paged_attention_kernel[grid](
+            q, q.stride(0), q.stride(1),
+            k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            page_table, page_table.stride(0),
+            cache_seqlens,
+            cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
+            *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
+            *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
+            sinks if sinks is not None else q,
+            out, out.stride(0), out.stride(1),
+            lse_arg, lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
+            partial_out, partial_out.stride(0), partial_out.stride(1), partial_out.stride(2) if split_kv else 0,
+            partial_lse, partial_lse.stride(0), partial_lse.stride(1),
+            batch, total_q, num_q_programs, uniform_q_len, tiles_per_request, num_head_blocks,
+            group_size, head_dim, head_dim_v,
+            scale, float(softcap), left, right,
+            splits, min_split_tokens,
+            Q_MAPPING=mapping,
+            PAD_ROWS=pad_rows,
+            BLOCK_Q=block_q,
+            HEADS_PER_BLOCK=heads_per_block,
+            BLOCK_N=config["BLOCK_N"],
+            BLOCK_D=next_power_of_2(head_dim),
+            BLOCK_DV=next_power_of_2(head_dim_v),
+            PAGE_SIZE=page_size,
+            CAUSAL=bool(causal),
+            HAS_SOFTCAP=softcap > 0,
+            HAS_SINKS=sinks is not None,
+            HAS_K_DESCALE=k_scale is not None,
+            HAS_V_DESCALE=v_scale is not None,
+            SPLIT_KV=split_kv,
+            WRITE_LSE=lse is not None,
+            DOT_PRECISION=dot_precision,
+            **tune.launch_options(config),
+        )
+        if split_kv:
+            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks)
+    return (out, lse) if return_softmax_lse else out
