@@ -117,16 +117,23 @@ class CompileVariant:
     constexprs: dict  # constexpr argument name -> value
     options: dict  # num_warps, num_stages, ...
     dots: int  # how many tl.dot the kernel holds (the check asserts DPAS when > 0)
+    op: str | None = None  # op name used in autotune_configs/<backend>/*.json ("ops" keys); None = no config
 
 
 COMPILE_VARIANTS: list[CompileVariant] = []
 
 
-def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, **options) -> None:
+def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: str | None = None, **options) -> None:
     """Record one representative compilation of ``kernel``.
 
     ``args`` maps every kernel parameter to either a Triton type string (``"*bf16"``, ``"i32"``,
     ``"i64"``, ``"fp32"``) for runtime arguments, or its value for ``tl.constexpr`` parameters.
+    ``dots`` is the number of ``tl.dot`` in the kernel (tests/test_registry.py checks it).
+    ``op`` names the op whose tuned configs launch this kernel: the key under ``"ops"`` in
+    ``autotune_configs/<backend>/<device>.json`` (the one ``tune.lookup(op, ...)`` uses). Ops that
+    read config files must set it, so the compile check also compiles this variant with each
+    file's launch options (``num_warps``, ``num_stages``, ``grf_mode``). Remaining keyword
+    arguments are launch options of this variant.
     """
     fn = getattr(kernel, "fn", kernel)
     parameters = inspect.signature(fn).parameters
@@ -138,4 +145,4 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, **opt
         raise AssertionError(f"compile variant {label} of {fn.__name__}: missing {missing}, unknown {extra}")
     signature = {p: ("constexpr" if p in constexpr_names else args[p]) for p in params}
     constexprs = {p: args[p] for p in params if p in constexpr_names}
-    COMPILE_VARIANTS.append(CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots))
+    COMPILE_VARIANTS.append(CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots, op))

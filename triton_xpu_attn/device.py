@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
+import warnings
 
 import torch
 
@@ -26,8 +28,18 @@ def _detect_backend() -> str:
 
 
 _HARDWARE_BACKEND = _detect_backend()
-if _HARDWARE_BACKEND == "interpreter":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if _HARDWARE_BACKEND == "interpreter" and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        # triton's own @jit library functions (tl.sum, tl.max, tl.cdiv, ...) were built for
+        # compiled mode when triton was imported; the interpreter cannot call them afterwards.
+        warnings.warn(
+            "triton was imported before triton_xpu_attn on a machine without a GPU, so its library "
+            "functions were not built for the interpreter and kernels will fail. Import "
+            "triton_xpu_attn first, or set TRITON_INTERPRET=1 before importing triton.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def is_interpreter() -> bool:

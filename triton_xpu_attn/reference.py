@@ -172,7 +172,186 @@ def translate_loc_from_full_to_swa(full_to_swa, locs):
 # ---- local attention virtual batches (issue 5) ----
 
 
+def make_local_attention_virtual_batches(
+    attn_chunk_size, query_start_loc, seq_lens, block_table, page_size, max_virtual_batches=None
+):
+    """vLLM's host algorithm (numpy, vectorised as vLLM/sglang run it; the benchmark's baseline).
+
+    ``query_start_loc [B+1]`` and ``seq_lens [B]`` are array-likes on the host; ``block_table`` is a
+    page-granular ``[B, max_pages]`` torch tensor (any device). Returns ``(seqlens_q_local [V],
+    cu_seqlens_q_local [V+1], seqlens_k_local [V])`` as int32 numpy arrays and ``block_table_local
+    [V, C // P]`` int32 on ``block_table``'s device (gathered there with index arrays copied from
+    the host, as vLLM does). No clamp of the chunk to ``max(seq_lens)`` (sglang's), and a request
+    with ``seq_lens == 0`` has 0 keys (vLLM would say ``C``). ``max_virtual_batches = M`` pads the
+    outputs to ``M`` virtual batches (lengths 0, ``cu`` at its last value, table rows 0) or keeps
+    only the first ``M`` when ``V > M``.
+    """
+    C, P = int(attn_chunk_size), int(page_size)
+    assert C % P == 0, "attn_chunk_size must be a multiple of page_size"
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    q = qsl[1:] - qsl[:-1]
+    first = np.minimum(C - (seq - q) % C, q)
+    last_k = np.where(seq > 0, C + seq % -C, 0)  # keys in the last chunk, 1..C (0 without keys)
+    nblk = 1 + -(-(q - first) // C)
+    cu_blocks = np.cumsum(nblk)
+    V = int(cu_blocks[-1]) if len(nblk) else 0
+    a = np.arange(V) - np.repeat(cu_blocks - nblk, nblk)  # index within the request
+    r = np.repeat(nblk, nblk) - a - 1  # index from the request's end
+    seqlens_q = np.where(a == 0, np.repeat(first, nblk), np.minimum(np.repeat(q - first, nblk) - C * (a - 1), C))
+    cu_q = np.concatenate([[0], np.cumsum(seqlens_q)])
+    seqlens_k = np.full(V, C, dtype=np.int64)
+    seqlens_k[cu_blocks - 1] = last_k
+    k_start = np.repeat(seq, nblk) - (r * C + np.repeat(last_k, nblk))  # absolute, a multiple of C
+    pages_per_chunk = C // P
+    max_pages = block_table.shape[1]
+    cols = (k_start // P)[:, None] + np.arange(pages_per_chunk)[None, :]
+    cols = np.clip(cols, 0, max(max_pages - 1, 0)).reshape(-1)
+    rows = np.repeat(np.arange(len(nblk)), nblk * pages_per_chunk)
+    device = block_table.device
+    if max_pages == 0:
+        table = torch.zeros(V, pages_per_chunk, dtype=torch.int32, device=device)
+    else:
+        index_rows = torch.from_numpy(rows).to(device)
+        index_cols = torch.from_numpy(cols).to(device)
+        table = block_table[index_rows, index_cols].view(V, pages_per_chunk).to(torch.int32)
+    if max_virtual_batches is not None:
+        M = int(max_virtual_batches)
+        pad = max(M - V, 0)
+        seqlens_q = np.concatenate([seqlens_q[:M], np.zeros(pad, dtype=np.int64)])
+        seqlens_k = np.concatenate([seqlens_k[:M], np.zeros(pad, dtype=np.int64)])
+        cu_q = np.concatenate([cu_q[: M + 1], np.full(pad, cu_q[-1], dtype=np.int64)])
+        table = torch.cat([table[:M], torch.zeros(pad, pages_per_chunk, dtype=torch.int32, device=device)])
+    return seqlens_q.astype(np.int32), cu_q.astype(np.int32), seqlens_k.astype(np.int32), table
+
+
+def chunked_local_attention(q, k_cache, v_cache, query_start_loc, seq_lens, page_table, attn_chunk_size,
+                            *, softmax_scale=None, dtype=torch.float64):
+    """Chunked local attention computed directly (no virtual batches): query ``t`` of request ``b``
+    sits at absolute position ``i = seq_lens[b] - q_len + t`` and attends keys
+    ``[floor(i / C) * C, i]``. Same layouts as :func:`paged_attention`; returns ``[total_q, Hq, Dv]``."""
+    total_q, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k_cache.shape[2]
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    out = torch.zeros(total_q, num_q_heads, v_cache.shape[3], dtype=dtype, device=q.device)
+    cu = [int(x) for x in query_start_loc]
+    C = int(attn_chunk_size)
+    for b in range(len(cu) - 1):
+        q0, q_len, kv_len = cu[b], cu[b + 1] - cu[b], int(seq_lens[b])
+        if q_len == 0:
+            continue
+        k = _as_float(gather_paged(k_cache, page_table[b], kv_len), dtype).repeat_interleave(group, dim=1)
+        v = _as_float(gather_paged(v_cache, page_table[b], kv_len), dtype).repeat_interleave(group, dim=1)
+        pos = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # absolute query positions
+        j = torch.arange(kv_len, device=q.device)[None, :]
+        mask = (j <= pos) & (j >= torch.div(pos, C, rounding_mode="floor") * C)
+        s = torch.einsum("qhd,khd->hqk", q[q0 : q0 + q_len].to(dtype), k) * scale
+        p = torch.softmax(s.masked_fill(~mask[None], -math.inf), dim=-1)
+        out[q0 : q0 + q_len] = torch.einsum("hqk,khd->qhd", p, v)
+    return out
+
+
 # ---- SWA speculative page table (issue 6) ----
 
 
+def prepare_swa_spec_page_table(
+    page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, num_draft_tokens, seq_start_a=None, full_to_swa=None
+):
+    """Torch-indexing reference of :func:`triton_xpu_attn.prepare_swa_spec_page_table`; returns a
+    new tensor (a copy of ``page_table_dst`` with the produced columns written), on its device.
+
+    Row ``m`` (parent ``r = m // ndt``): ``dst[m, :la] = A[r, s : s + la]``,
+    ``dst[m, la : la + lb] = B[m, :lb]``, later columns unchanged. ``seq_len_a`` / ``seq_start_a``
+    are per request (``[B]``) or per row (``[M]``). Reads past a table's width give 0 (not
+    translated); negative lengths/starts count as 0; columns past dst's width are dropped. With
+    ``full_to_swa`` each copied slot ``x`` becomes ``full_to_swa[x]`` (-1 wraps to the last entry;
+    outside the mapping -> -1).
+    """
+    dst = page_table_dst.clone()
+    rows, width = dst.shape
+    if rows == 0 or width == 0:
+        return dst
+    device = dst.device
+
+    def per_row(t):
+        t = torch.as_tensor(t, device=device).long().clamp(min=0)
+        return t if t.numel() == rows else t.repeat_interleave(num_draft_tokens)
+
+    la = per_row(seq_len_a)[:, None]
+    lb = per_row(seq_len_b)[:, None]
+    start = per_row(seq_start_a)[:, None] if seq_start_a is not None else torch.zeros_like(la)
+    m = torch.arange(rows, device=device)[:, None]
+    r = m // num_draft_tokens
+    cols = torch.arange(width, device=device)[None, :]
+    produced = cols < la + lb
+    from_a = produced & (cols < la)
+    from_b = produced & (cols >= la)
+    a_col, b_col = start + cols, cols - la
+    len_a, len_b = page_table_a.shape[1], page_table_b.shape[1]
+    a_ok = from_a & (a_col < len_a)
+    b_ok = from_b & (b_col < len_b)
+    slot = torch.zeros(rows, width, dtype=torch.int64, device=device)
+    if len_a:
+        slot = torch.where(a_ok, page_table_a.long()[r, a_col.clamp(max=len_a - 1)], slot)
+    if len_b:
+        slot = torch.where(b_ok, page_table_b.long()[m, b_col.clamp(0, len_b - 1)], slot)
+    if full_to_swa is not None:
+        mapping = full_to_swa.to(device).long()
+        n = mapping.numel()
+        idx = torch.where(slot < 0, slot + n, slot)
+        inside = (idx >= 0) & (idx < n)
+        translated = torch.where(inside, mapping[idx.clamp(0, n - 1)], torch.full_like(idx, -1))
+        slot = torch.where(a_ok | b_ok, translated, slot)
+    dst[produced] = slot[produced].to(dst.dtype)
+    return dst
+
+
 # ---- MLA decode (issue 4) ----
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c_and_k_pe_cache: torch.Tensor,
+    seq_lens,
+    page_table: torch.Tensor,
+    sm_scale: float,
+    kv_scale=None,
+    dtype: torch.dtype = torch.float64,
+):
+    """Multi-head latent attention decode over a paged latent cache.
+
+    ``q_nope [B, H, R]`` or ``[B, S, H, R]``, ``q_pe [B, (S,) H, Dr]``; cache
+    ``[num_pages, P, R + Dr]`` or ``[num_pages, P, 1, R + Dr]``: K = the whole row, V = its first R
+    channels. Query token ``t`` of ``S`` sees keys ``j <= seq_len - S + t``. ``kv_scale``
+    multiplies the (dequantised) cache. Returns ``(out [B, (S,) H, R], lse [B, (S,) H])`` in
+    ``dtype``; a query without visible keys gives 0 and LSE ``-inf``.
+    """
+    squeeze = q_nope.dim() == 3
+    if squeeze:
+        q_nope, q_pe = q_nope[:, None], q_pe[:, None]
+    batch, s_q, num_heads, r = q_nope.shape
+    cache = kv_c_and_k_pe_cache
+    if cache.dim() == 4:
+        cache = cache[:, :, 0]
+    device = q_nope.device
+    scale = 1.0 if kv_scale is None else float(torch.as_tensor(kv_scale).reshape(-1)[0])
+    out = torch.zeros(batch, s_q, num_heads, r, dtype=dtype, device=device)
+    lse = torch.full((batch, s_q, num_heads), -math.inf, dtype=dtype, device=device)
+    for b in range(batch):
+        kv_len = int(seq_lens[b])
+        if kv_len <= 0:
+            continue
+        kv = _as_float(gather_paged(cache, page_table[b], kv_len), dtype) * scale  # [kv_len, R + Dr]
+        q = torch.cat([q_nope[b], q_pe[b]], dim=-1).to(dtype)  # [S, H, R + Dr]
+        logits = torch.einsum("thd,kd->thk", q, kv) * sm_scale
+        mask = visible_keys(s_q, kv_len, True, (-1, -1), device)[:, None, :]  # [S, 1, kv_len]
+        logits = logits.masked_fill(~mask, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [S, H]
+        has_key = mask.any(-1)  # [S, 1]
+        p = torch.exp(logits - torch.where(has_key, row_lse, torch.zeros_like(row_lse))[..., None])
+        out[b] = torch.where(has_key[..., None], torch.einsum("thk,kd->thd", p, kv[:, :r]), torch.zeros(()).to(dtype))
+        lse[b] = torch.where(has_key, row_lse, torch.full_like(row_lse, -math.inf))
+    if squeeze:
+        out, lse = out[:, 0], lse[:, 0]
+    return out, lse

@@ -11,6 +11,7 @@ entry serves buckets that were not tuned.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -64,14 +65,51 @@ def _load(path: str) -> dict | None:
 
 
 def clear_cache() -> None:
+    """Forget loaded files and memoised lookups (after writing or changing config files)."""
     _load.cache_clear()
+    _MEMO.clear()
 
 
 def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
     """Config for ``op`` at the bucket ``fields``: user file, shipped file, else ``heuristic``.
 
     Entries of a file config override the heuristic's keys (a file may tune only some knobs).
+    Results are memoised per (op, bucket, device): this runs on every launch.
     """
+    forced = _OVERRIDES.get(op)
+    if forced is not None:
+        LAST_SOURCE[op] = "override"
+        return {**heuristic, **forced}
+    index = None
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        index = device.index
+    memo_key = (op, tuple(sorted(fields.items())), tuple(sorted(heuristic.items())), index)
+    hit = _MEMO.get(memo_key)
+    if hit is None:
+        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device)
+    LAST_SOURCE[op] = hit[1]
+    return dict(hit[0])
+
+
+_MEMO: dict = {}
+_OVERRIDES: dict[str, dict] = {}
+
+
+@contextlib.contextmanager
+def override(op: str, config: dict):
+    """Force ``config`` for every launch of ``op`` inside the block (the tuner's candidates)."""
+    previous = _OVERRIDES.get(op)
+    _OVERRIDES[op] = dict(config)
+    try:
+        yield
+    finally:
+        if previous is None:
+            _OVERRIDES.pop(op, None)
+        else:
+            _OVERRIDES[op] = previous
+
+
+def _lookup(op: str, fields: dict, heuristic: dict, device) -> tuple[dict, str]:
     backend = _device.backend()
     if backend != "interpreter":
         key = _device.device_key(device)
@@ -83,10 +121,8 @@ def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
             table = data.get("ops", {}).get(op, {})
             entry = table.get(bucket, table.get("default"))
             if entry is not None:
-                LAST_SOURCE[op] = f"{kind}:{path.name}"
-                return {**heuristic, **entry}
-    LAST_SOURCE[op] = "heuristic"
-    return dict(heuristic)
+                return {**heuristic, **entry}, f"{kind}:{path.name}"
+    return dict(heuristic), "heuristic"
 
 
 def launch_options(config: dict) -> dict:

@@ -53,28 +53,40 @@ def _combine_splits_kernel(
     sinks_ptr,
     head_dim_v,
     MAX_SPLITS: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    lse_row = partial_lse_ptr + n * stride_pl_n + h * stride_pl_h
     splits = tl.arange(0, MAX_SPLITS)
-    lse = tl.load(partial_lse_ptr + n * stride_pl_n + h * stride_pl_h + splits, mask=splits < num_splits, other=float("-inf"))
+    lse = tl.load(lse_row + splits, mask=splits < num_splits, other=float("-inf"))
     sink = 0.0
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h).to(tl.float32)
     w, denom, merged = _lse_weights(lse, sink, HAS_SINKS)
+    m_safe = tl.where(merged == float("-inf"), 0.0, merged)
     d = tl.arange(0, BLOCK_DV)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     base = partial_out_ptr + n * stride_po_n + h * stride_po_h
-    # fixed order over splits: the result is bitwise reproducible run to run
-    for s in range(0, num_splits):
-        w_s = tl.sum(tl.where(splits == s, w, 0.0), axis=0)
-        if w_s > 0:
-            acc += w_s * tl.load(base + s * stride_po_s + d, mask=d < head_dim_v, other=0.0)
-    out = acc / denom
-    tl.store(out_ptr + n * stride_o_n + h * stride_o_h + d, out.to(out_ptr.dtype.element_ty), mask=d < head_dim_v)
+    # chunks of splits in a fixed order, each a reduction of a fixed shape: bitwise reproducible
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        s = s0 + tl.arange(0, SPLIT_BLOCK)
+        lse_s = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+        lse_s = tl.where(lse_s == lse_s, lse_s, float("-inf"))
+        lse_s = tl.where(lse_s == float("inf"), float("-inf"), lse_s)
+        # weight relative to the merged LSE: exp(lse_s - merged) = w_s / denom
+        w_s = tl.exp2((lse_s - m_safe) * 1.4426950408889634)
+        live = w_s > 0
+        part = tl.load(
+            base + s[:, None] * stride_po_s + d[None, :],
+            mask=live[:, None] & (d[None, :] < head_dim_v),
+            other=0.0,
+        )
+        acc += tl.sum(part * w_s[:, None], axis=0)
+    tl.store(out_ptr + n * stride_o_n + h * stride_o_h + d, acc.to(out_ptr.dtype.element_ty), mask=d < head_dim_v)
     if WRITE_LSE:
         tl.store(lse_ptr + n * stride_lse_n + h * stride_lse_h, merged)
 
@@ -127,7 +139,7 @@ register_xpu_compile(
         partial_out_ptr="*fp32", partial_lse_ptr="*fp32", stride_po_n="i64", stride_po_h="i64", stride_po_s="i32",
         stride_pl_n="i64", stride_pl_h="i32", num_splits="i32", out_ptr="*bf16", stride_o_n="i64", stride_o_h="i32",
         lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i64", sinks_ptr="*fp32", head_dim_v="i32",
-        MAX_SPLITS=16, BLOCK_DV=128, HAS_SINKS=True, WRITE_LSE=True,
+        MAX_SPLITS=16, SPLIT_BLOCK=16, BLOCK_DV=128, HAS_SINKS=True, WRITE_LSE=True,
     ),
     num_warps=4,
 )
@@ -173,6 +185,8 @@ def combine_splits(
             sinks if sinks is not None else partial_lse,
             dv,
             MAX_SPLITS=next_power_of_2(s),
+            # keep the [SPLIT_BLOCK, Dv] fp32 tile of partial outputs within ~16 KB of registers
+            SPLIT_BLOCK=min(next_power_of_2(s), max(1, 4096 // next_power_of_2(dv))),
             BLOCK_DV=next_power_of_2(dv),
             HAS_SINKS=sinks is not None,
             WRITE_LSE=lse is not None,

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Ahead-of-time XPU compile check: compile every registered kernel variant for Intel PVC and BMG,
+without an Intel GPU.
+
+Run it with a Python that has Intel's Triton (``triton-xpu``) plus torch (CPU) and numpy; the
+package need not be installed there (the repository root is put on ``sys.path``)::
+
+    .venv-xpu/bin/python .ci/xpu_compile_check.py            # everything
+    .venv-xpu/bin/python .ci/xpu_compile_check.py --list     # what would be compiled
+    .venv-xpu/bin/python .ci/xpu_compile_check.py -k merge   # only variants whose label contains "merge"
+
+What is compiled:
+* every entry of ``triton_xpu_attn._common.COMPILE_VARIANTS`` (each kernel registers itself with
+  ``register_xpu_compile`` where it is defined), for the targets ``pvc`` and ``bmg``;
+* for each ``autotune_configs/xpu/*.json``: the variants registered with ``op=<name>`` for every op
+  the file names, once per distinct set of launch options in the file (``num_warps``,
+  ``num_stages``, ``grf_mode``, ...), for the file's target (from its ``device_name``).
+
+Checks per compile: SPIR-V is produced and non-empty; every ``tt.dot`` in the TTGIR carries the DPAS
+layout (``#triton_intel_gpu.dpas``) and the number of dots (distinct source locations) equals the
+variant's ``dots``; a large-GRF request reaches the build flags. Exit status 1 on any failure.
+See shared/notes/xpu_compile.md for the recipe (arch-parser stub, target dicts).
+"""
+from __future__ import annotations
+
+import os
+
+# An explicit setting wins over the package's own choice (it picks the interpreter when no GPU is
+# present), and must be in place before triton or the package is imported.
+os.environ["TRITON_INTERPRET"] = "0"
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# A fresh compile cache per run (unless the caller chose one): every variant is really compiled,
+# and nothing is shared with other Triton installs on the machine.
+if "TRITON_CACHE_DIR" not in os.environ:
+    import atexit  # noqa: E402
+    import shutil  # noqa: E402
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu_compile_check_cache_")
+    atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
+
+import triton  # noqa: E402
+from triton.backends import backends  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+# --------------------------------------------------------------------------------------------
+# Targets: the dict torch.xpu.get_device_capability() would return on each device.
+# `architecture` is the SYCL enum value (only read by the arch parser, stubbed below).
+# --------------------------------------------------------------------------------------------
+TARGETS = {
+    "pvc": dict(
+        name="Intel(R) Data Center GPU Max 1550",
+        architecture=13136561920,
+        sub_group_sizes=[16, 32],
+        max_work_group_size=1024,
+        max_num_sub_groups=64,
+        has_fp64=True,
+        has_subgroup_matrix_multiply_accumulate=True,
+        has_subgroup_matrix_multiply_accumulate_tensor_float32=True,
+        has_subgroup_2d_block_io=True,
+        has_bfloat16_conversions=True,
+    ),
+    "bmg": dict(
+        name="Intel(R) Arc(TM) B580 Graphics",
+        architecture=21479031808,
+        sub_group_sizes=[16, 32],
+        max_work_group_size=1024,
+        max_num_sub_groups=64,
+        has_fp64=True,
+        has_subgroup_matrix_multiply_accumulate=True,
+        has_subgroup_matrix_multiply_accumulate_tensor_float32=False,
+        has_subgroup_2d_block_io=True,
+        has_bfloat16_conversions=True,
+    ),
+}
+WARP_SIZE = 16  # ignored by the backend (options["threads_per_warp"] decides); 16 as on the devices
+
+
+def gpu_target(name: str) -> GPUTarget:
+    return GPUTarget("xpu", dict(TARGETS[name]), WARP_SIZE)
+
+
+def target_for_device(device_name: str) -> str:
+    """Compile target of a config file's device: "Max" -> pvc; Battlemage (B580/B570/B60/B50/Arc B) -> bmg."""
+    if "Max" in device_name:
+        return "pvc"
+    if re.search(r"\bArc\S*\s+A\d", device_name):  # Alchemist (dg2): no target dict, no DPAS
+        raise ValueError(f"device {device_name!r} is an Arc A-series (dg2) GPU: no compile target for it")
+    if re.search(r"\bB(580|570|60|50)\b", device_name) or "Arc" in device_name:
+        return "bmg"
+    raise ValueError(f"cannot tell the compile target (pvc or bmg) of device {device_name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Arch-parser stub: XPUBackend.__init__ builds arch_parser.c, which needs the SYCL headers and
+# libraries; it only maps target.arch["architecture"] to a name for an optional ocloc query.
+# --------------------------------------------------------------------------------------------
+class _FakeArch:
+    def parse_device_arch(self, v):
+        return ""
+
+
+def install_arch_parser_stub() -> None:
+    # backends are loaded via spec_from_file_location, not sys.modules: patch the function's globals
+    g = backends["intel"].compiler.__init__.__globals__
+    orig = g["compile_module_from_src"]
+    if getattr(orig, "_xpu_check_stub", False):
+        return
+
+    def compile_module_from_src(src, name, *args, **kwargs):
+        if name == "arch_utils":
+            return _FakeArch()
+        return orig(src, name, *args, **kwargs)
+
+    compile_module_from_src._xpu_check_stub = True
+    g["compile_module_from_src"] = compile_module_from_src
+
+
+def backend_option_names() -> set[str]:
+    """Fields of the Intel backend's options dataclass: the launch options a config may set."""
+    compiler = backends["intel"].compiler
+    opts_cls = compiler.__init__.__globals__.get("XPUOptions")
+    if opts_cls is None or not dataclasses.is_dataclass(opts_cls):
+        return {"num_warps", "num_stages", "grf_mode", "threads_per_warp"}
+    return {f.name for f in dataclasses.fields(opts_cls)}
+
+
+# --------------------------------------------------------------------------------------------
+# TTGIR inspection
+# --------------------------------------------------------------------------------------------
+_ALIAS_RE = re.compile(r"^(#[\w.$-]+)\s*=\s*(#[\w.]+)", re.M)
+_DOT_RE = re.compile(r"=\s*tt\.dot\s.*->\s*tensor<[^,>]*,\s*(#[\w.$-]+)[^>]*>\s*(loc\(.*\))?\s*$", re.M)
+
+
+def count_dots(ttgir: str) -> tuple[int, int, int]:
+    """(dots in the TTGIR, dots with a DPAS result layout, DPAS dots at distinct source locations).
+
+    Dots are counted by source location so that an unrolled loop (tl.static_range) counts once.
+    """
+    aliases = dict(_ALIAS_RE.findall(ttgir))
+    total = dpas = 0
+    dpas_locs = set()
+    for m in _DOT_RE.finditer(ttgir):
+        total += 1
+        enc = m.group(1)
+        if aliases.get(enc, enc).startswith("#triton_intel_gpu.dpas"):
+            dpas += 1
+            dpas_locs.add(m.group(2) or f"op{total}")
+    # dots whose line the regex did not parse still count towards the total
+    total = max(total, len(re.findall(r"=\s*tt\.dot\s", ttgir)))
+    return total, dpas, len(dpas_locs)
+
+
+# --------------------------------------------------------------------------------------------
+# Jobs
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Job:
+    variant: object  # triton_xpu_attn._common.CompileVariant
+    target: str
+    options: dict
+    source: str = "registry"  # or the config file's name
+
+    @property
+    def name(self) -> str:
+        return self.variant.label + ("" if self.source == "registry" else f"@{self.source}")
+
+
+def import_all_modules() -> list[str]:
+    """Import triton_xpu_attn and every module under it (so every kernel registers itself, even in
+    a module the package's __init__ does not import yet); returns the module names."""
+    import importlib
+    import pkgutil
+
+    import triton_xpu_attn
+
+    names = ["triton_xpu_attn"]
+    for info in pkgutil.walk_packages(triton_xpu_attn.__path__, prefix="triton_xpu_attn."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # importing it would run the command line
+        importlib.import_module(info.name)
+        names.append(info.name)
+    return names
+
+
+def jit_function(kernel):
+    """The JITFunction to compile: unwraps @triton.autotune / @triton.heuristics."""
+    from triton.runtime.jit import JITFunction
+
+    k = kernel
+    while not isinstance(k, JITFunction) and hasattr(k, "fn"):
+        k = k.fn
+    if not isinstance(k, JITFunction):
+        raise TypeError(f"{kernel!r} is not a @triton.jit function (got {type(k).__name__})")
+    return k
+
+
+def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]]:
+    """Jobs from autotune_configs/xpu/*.json, and errors found while reading those files."""
+    jobs, errors = [], []
+    skip = {"debug", "backend_name", "extern_libs", "sanitize_overflow", "generate_native_code"}
+    for path in sorted((REPO / "autotune_configs" / "xpu").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            target = target_for_device(data.get("device_name") or path.stem)
+            ops = data.get("ops")
+            if not isinstance(ops, dict):
+                raise ValueError('no "ops" object')
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{path.name}: {type(e).__name__}: {e}")
+            continue
+        for op, buckets in ops.items():
+            mine = [v for v in variants if getattr(v, "op", None) == op]
+            if not mine:
+                errors.append(f"{path.name}: op {op!r} has no compile variant registered with op={op!r}")
+                continue
+            seen = []
+            for bucket, cfg in (buckets or {}).items():
+                if not isinstance(cfg, dict):
+                    errors.append(f"{path.name}: {op}[{bucket}] is not an object")
+                    continue
+                launch = {k: v for k, v in cfg.items() if k in option_names and k not in skip}
+                if launch.get("grf_mode") in ("large", "256"):
+                    launch["grf_mode"] = large_grf  # spelled for the installed triton-xpu
+                if not launch or launch in seen:
+                    continue
+                seen.append(launch)
+                for v in mine:
+                    jobs.append(Job(v, target, {**v.options, **launch}, source=f"{path.name}:{bucket}"))
+    return jobs, errors
+
+
+def compile_job(job: Job) -> dict:
+    v = job.variant
+    fn = jit_function(v.kernel)
+    # triton-xpu 3.3's ASTSource: signature keyed by parameter name with "constexpr" entries for
+    # constexpr parameters; constexprs keyed by name (it converts names to (index,) tuples).
+    arg_names = list(fn.arg_names)
+    signature = {name: v.signature[name] for name in arg_names}
+    constexprs = {name: v.constexprs[name] for name in arg_names if name in v.constexprs}
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    t0 = time.perf_counter()
+    compiled = triton.compile(src, target=gpu_target(job.target), options=dict(job.options))
+    seconds = time.perf_counter() - t0
+    asm = compiled.asm
+    spv = asm.get("spv")
+    problems = []
+    if not spv:
+        problems.append(f"no SPIR-V produced (asm keys: {sorted(asm)})")
+    total, dpas, dpas_sites = count_dots(asm.get("ttgir", ""))
+    if total != dpas:
+        problems.append(f"{total - dpas} of {total} tt.dot ops lack the DPAS layout (FMA fallback)")
+    if dpas_sites != v.dots:
+        problems.append(f"expected {v.dots} dot(s) lowered with DPAS, found {dpas_sites}")
+    mode = job.options.get("grf_mode")
+    if mode in ("large", "256") and "256-GRF" not in str(getattr(compiled.metadata, "build_flags", "")):
+        problems.append(f"grf_mode={mode!r} did not reach the build flags ({compiled.metadata.build_flags!r})")
+    return dict(spv_bytes=len(spv or b""), dpas=dpas_sites, seconds=seconds, problems=problems)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="list what would be compiled, compile nothing")
+    ap.add_argument("-k", metavar="SUBSTRING", help="only variants whose label (or config source) contains SUBSTRING")
+    ap.add_argument("--targets", default="pvc,bmg", help="comma-separated registry targets (default: pvc,bmg)")
+    args = ap.parse_args(argv)
+
+    print(f"triton {triton.__version__} ({pathlib.Path(triton.__file__).parent}); TRITON_INTERPRET=0", flush=True)
+    try:
+        install_arch_parser_stub()
+        import_all_modules()  # every kernel registers itself where it is defined
+        from triton_xpu_attn._common import COMPILE_VARIANTS
+        from triton_xpu_attn.device import xpu_large_grf_mode
+    except Exception:  # noqa: BLE001
+        print("FAILED before compiling: setting up / importing triton_xpu_attn raised:", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        print(f"unknown target(s) {unknown}; known: {sorted(TARGETS)}", file=sys.stderr)
+        return 2
+    variants = list(COMPILE_VARIANTS)
+    jobs = [Job(v, t, dict(v.options)) for v in variants for t in targets]
+    cfg_jobs, errors = config_jobs(variants, backend_option_names(), xpu_large_grf_mode())
+    jobs += cfg_jobs
+    if args.k:
+        jobs = [j for j in jobs if args.k in j.name]
+
+    if args.list:
+        for j in jobs:
+            print(f"{j.name:<60} {j.target:<4} dots={j.variant.dots} options={j.options}")
+        for e in errors:
+            print(f"CONFIG ERROR: {e}")
+        return 1 if errors else 0
+    if not jobs and not errors:
+        print("nothing to compile" + (f" (no variant matches -k {args.k!r})" if args.k else ""), file=sys.stderr)
+        return 1
+
+    failures = [f"config: {e}" for e in errors]
+    width = max([len(j.name) for j in jobs] + [6])
+    header = f"{'kernel':<{width}}  {'target':<6}  {'SPIR-V B':>9}  {'dots exp/DPAS':>13}  {'seconds':>7}  result"
+    print(header)
+    print("-" * len(header))
+    t_all = time.perf_counter()
+    failed_jobs = 0
+    for j in jobs:
+        try:
+            r = compile_job(j)
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {str(e).strip() or repr(e)}"
+            failures.append(f"{j.name} [{j.target}]: {msg}")
+            failed_jobs += 1
+            print(f"{j.name:<{width}}  {j.target:<6}  {'-':>9}  {f'{j.variant.dots}/-':>13}  {'-':>7}  FAIL", flush=True)
+            print("    " + "\n    ".join(traceback.format_exc().rstrip().splitlines()[-15:]), flush=True)
+            continue
+        ok = not r["problems"]
+        failed_jobs += not ok
+        dots = f"{j.variant.dots}/{r['dpas']}"
+        print(
+            f"{j.name:<{width}}  {j.target:<6}  {r['spv_bytes']:>9}  {dots:>13}  {r['seconds']:>7.2f}  {'ok' if ok else 'FAIL'}",
+            flush=True,
+        )
+        for p in r["problems"]:
+            failures.append(f"{j.name} [{j.target}]: {p}")
+            print(f"    {p}", flush=True)
+    print("-" * len(header))
+    n = len(jobs)
+    print(f"{n} compile(s) of {len({id(j.variant) for j in jobs})} variant(s) in {time.perf_counter() - t_all:.1f} s; "
+          f"{len(failures)} failure(s)")
+    if failures:
+        print("FAILURES:")
+        for f in failures:
+            print(f"  {f}")
+    # closing line: compiles that passed / failed (a bad config file counts as one failure)
+    print(f"xpu-compile: {n - failed_jobs} passed, {failed_jobs + len(errors)} failed", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

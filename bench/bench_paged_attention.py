@@ -1,0 +1,261 @@
+"""Paged-attention decode benchmark: ours vs sglang's Triton decode kernel, dense SDPA and
+FlexAttention over a paged cache, side by side in one run on one GPU (bf16).
+
+Every peer is timed twice: eager (``*_eager_us``) and replayed from a CUDA graph (``*_us``, the
+headline: decode runs from graphs in sglang and vLLM, and it removes Python launch overhead that
+would otherwise dominate small batches for every peer alike).
+
+    python bench/bench_paged_attention.py [--quick] [--out bench/results] [--peers .peers] [--flex]
+
+``--peers DIR`` points at a folder holding ``sgl_loader.py`` (from ../shared/peers) and the unpacked
+sglang wheel under ``DIR/unpacked`` (see ../shared/peers/README.md). GB/s count the KV bytes read
+(K and V once); the roofline is a measured device-to-device copy (bytes read + written).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import triton_xpu_attn as ours  # noqa: E402  (first: on a CPU it must select the interpreter before triton loads)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+GRID_SHAPES = [(32, 8, 128), (8, 1, 128), (64, 8, 128), (32, 8, 64)]  # (Hq, Hkv, D)
+GRID_B = [1, 16, 64, 128]
+GRID_L = [1024, 8192, 32768]
+GRID_P = [1, 16, 64]
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph; returns a replay callable. Decode in serving engines runs
+    from graphs, so this is the launch-overhead-free time every peer is also given."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def bench_both(fn) -> tuple[float, float]:
+    """(eager, graph-replayed) median microseconds."""
+    eager = bench(fn) * 1e3
+    try:
+        replay = bench(graphed(fn)) * 1e3
+    except Exception as exc:  # a peer that cannot be captured keeps its eager time only
+        print(f"graph capture failed: {exc!r}"[:160])
+        replay = float("nan")
+    return eager, replay
+
+
+def copy_bandwidth(device) -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    gbs = 2 * x.numel() / bench(lambda: y.copy_(x)) / 1e6
+    del x, y
+    return gbs
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def load_sglang(peers):
+    if not peers:
+        return None
+    sys.path.insert(0, os.path.abspath(peers))
+    import sgl_loader  # noqa: E402
+
+    return sgl_loader.load(os.path.join(peers, "unpacked"))
+
+
+def make_case(B, Hq, Hkv, D, L, P, device, dtype=torch.bfloat16):
+    n = L // P
+    num_pages = B * n + 8
+    pages = torch.randperm(num_pages, device=device)[: B * n].view(B, n)
+    k = torch.randn(num_pages, P, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(num_pages, P, Hkv, D, device=device, dtype=dtype)
+    q = torch.randn(B, Hq, D, device=device, dtype=dtype)
+    return dict(q=q, k=k, v=v, table=pages.to(torch.int32), seqlens=torch.full((B,), L, device=device, dtype=torch.int32))
+
+
+def dense_kv(case, B, L, P):
+    """The same KV bytes, contiguous per request ([B, Hkv, L, D]) for SDPA."""
+    slots = (case["table"].long()[:, :, None] * P + torch.arange(P, device=case["q"].device)).reshape(B, L)
+    Hkv, D = case["k"].shape[2:]
+    K = case["k"].view(-1, Hkv, D)[slots].transpose(1, 2).contiguous()
+    V = case["v"].view(-1, Hkv, D)[slots].transpose(1, 2).contiguous()
+    return K, V, slots
+
+
+def run_ours(case, scale, q_len=1):
+    B, Hq, D = case["q"].shape
+    q = case["q"][:, None].expand(B, q_len, Hq, D).contiguous() if q_len > 1 else case["q"][:, None]
+    return lambda: ours.flash_attn_with_kvcache(
+        q, case["k"], case["v"], cache_seqlens=case["seqlens"], page_table=case["table"], softmax_scale=scale, causal=True
+    )
+
+
+def run_sglang(sgl, case, slots, scale, splits=8):
+    B, Hq, D = case["q"].shape
+    Hkv = case["k"].shape[2]
+    k3, v3 = case["k"].view(-1, Hkv, D), case["v"].view(-1, Hkv, D)
+    o = torch.empty_like(case["q"])
+    logits = torch.empty(B, Hq, splits, D, device=o.device, dtype=torch.float32)
+    lse = torch.empty(B, Hq, splits, device=o.device, dtype=torch.float32)
+    nsplit = torch.full((B,), splits, device=o.device, dtype=torch.int32)
+    L = slots.shape[1]
+    indptr = torch.arange(0, (B + 1) * L, L, device=o.device, dtype=torch.int32)
+    indices = slots.reshape(-1).to(torch.int32)
+    P = case["k"].shape[1]
+    return o, lambda: sgl.decode_attention_fwd(
+        case["q"], k3, v3, o, indptr, indices, logits, lse, nsplit, splits, scale, 1.0, 1.0, page_size=P
+    )
+
+
+def run_flex(case, B, L, P):
+    """torch's experimental paged FlexAttention (page size P, one request reserved at a time)."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = run_flex.compiled = getattr(run_flex, "compiled", None) or torch.compile(flex_attention, dynamic=False)
+    q = case["q"]
+    Hq, D = q.shape[1:]
+    Hkv = case["k"].shape[2]
+    device = q.device
+    n_pages = B * (L // P) + 4
+    pa = PagedAttention(n_pages, P, B, device=device)
+    for b in range(B):
+        pa.reserve(torch.tensor(b, device=device), torch.tensor(L, device=device))
+    kc = torch.zeros(1, Hkv, n_pages * P, D, device=device, dtype=q.dtype)
+    vc = torch.zeros_like(kc)
+    K, V, _ = dense_kv(case, B, L, P)
+    pa.assign(torch.arange(B, device=device, dtype=torch.int32), torch.arange(L, device=device)[None].expand(B, L), K, V, kc, vc)
+    del K, V
+    bm = create_block_mask(lambda b, h, qi, kv: kv < L, B, None, 1, L, device=device, BLOCK_SIZE=(128, P))
+    pbm, smod = pa.convert_logical_block_mask(bm), pa.get_score_mod(None)
+    q4 = q[:, :, None]
+    return lambda: flex(q4, kc, vc, block_mask=pbm, score_mod=smod, enable_gqa=True)[:, :, 0]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few cases only")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and unpacked/ (sglang wheel)")
+    ap.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape: slow)")
+    ap.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose KV cache exceeds this")
+    args = ap.parse_args(argv)
+    device = ours.device.default_device()
+    if device.type == "cpu":
+        # interpreter smoke run: one tiny case, no peers
+        case = make_case(1, 4, 1, 64, 64, 16, device, dtype=torch.float16)
+        out = run_ours(case, 0.125)()
+        print(f"interpreter smoke run ok: out {tuple(out.shape)}")
+        return 0
+    torch.manual_seed(0)
+    sgl = load_sglang(args.peers)
+    bw = copy_bandwidth(device)
+    info = ours.device.describe()
+    header = (f"device {info['device']} | torch {torch.__version__} | triton {triton.__version__} | "
+              f"copy roofline {bw:.0f} GB/s | {datetime.date.today().isoformat()}")
+    print(header, flush=True)
+    shapes, Bs, Ls, Ps = GRID_SHAPES, GRID_B, GRID_L, GRID_P
+    if args.quick:
+        shapes, Bs, Ls, Ps = shapes[:1], [1, 16], [8192], [16]
+    rows = []
+    for Hq, Hkv, D in shapes:
+        for B in Bs:
+            for L in Ls:
+                kv_gb = 2 * B * L * Hkv * D * 2 / 1e9
+                if kv_gb * 2 > args.max_gb:
+                    continue
+                for P in Ps:
+                    case = make_case(B, Hq, Hkv, D, L, P, device)
+                    scale = D**-0.5
+                    K, V, slots = dense_kv(case, B, L, P)
+                    qd = case["q"][:, :, None]
+                    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qd, K, V, enable_gqa=True)  # noqa: E731
+                    ref = sdpa()[:, :, 0]
+                    byts = 2 * B * L * Hkv * D * 2
+                    row = dict(Hq=Hq, Hkv=Hkv, D=D, B=B, L=L, P=P, kv_bytes=byts)
+                    f = run_ours(case, scale)
+                    row["ours_err"] = rel_err(f().view(B, Hq, D), ref)
+                    row["ours_eager_us"], row["ours_us"] = bench_both(f)
+                    row["ours_q4_eager_us"], row["ours_q4_us"] = bench_both(run_ours(case, scale, q_len=4))
+                    row["sdpa_dense_eager_us"], row["sdpa_dense_us"] = bench_both(sdpa)
+                    if sgl is not None:
+                        o, g = run_sglang(sgl, case, slots, scale)
+                        g()
+                        row["sglang_err"] = rel_err(o, ref)
+                        row["sglang_eager_us"], row["sglang_us"] = bench_both(g)
+                    del K, V
+                    if args.flex and P == 64 and L == 8192:
+                        try:
+                            h = run_flex(case, B, L, P)
+                            row["flex_err"] = rel_err(h(), ref)
+                            row["flex_eager_us"], row["flex_us"] = bench_both(h)
+                        except Exception as exc:  # keep the run going; report the failure
+                            print(f"flex failed: {exc!r}"[:200])
+                    for peer in ("ours", "sglang", "sdpa_dense", "flex"):
+                        if f"{peer}_us" in row:
+                            gbs = byts / row[f"{peer}_us"] / 1e3
+                            row[f"{peer}_GBs"] = gbs
+                            row[f"{peer}_pct"] = 100 * gbs / bw
+                    if "sglang_us" in row:
+                        row["speedup_vs_sglang"] = row["sglang_us"] / row["ours_us"]
+                    row["q4_over_decode"] = row["ours_q4_us"] / row["ours_us"]
+                    rows.append(row)
+                    print(
+                        f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: ours {row['ours_us']:.1f}us "
+                        f"{row['ours_pct']:.0f}% err {row['ours_err']:.1e} | q4 x{row['q4_over_decode']:.2f} | "
+                        + (f"sglang {row['sglang_pct']:.0f}% x{row['speedup_vs_sglang']:.2f} | " if sgl else "")
+                        + f"sdpa {row['sdpa_dense_pct']:.0f}%"
+                        + (f" | flex {row['flex_pct']:.0f}%" if "flex_pct" in row else ""),
+                        flush=True,
+                    )
+                    del case
+                    torch.cuda.empty_cache() if device.type == "cuda" else None
+    ratios = [r["speedup_vs_sglang"] for r in rows if "speedup_vs_sglang" in r]
+    summary = ""
+    if ratios:
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        summary = f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"
+        print(summary)
+    write_results(args.out, info["device_key"], "paged_attention", header, summary, rows)
+    return 0
+
+
+def write_results(out_dir, device_key, name, header, summary, rows):
+    folder = os.path.join(out_dir, device_key)
+    os.makedirs(folder, exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(os.path.join(folder, f"{name}.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(folder, f"{name}.md"), "w") as f:
+        f.write(f"# {name}\n\n{header}\n\ncommand: `python {' '.join(sys.argv)}`\n\n{summary}\n\n")
+        f.write("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n")
+        for r in rows:
+            f.write("| " + " | ".join(f"{r.get(k, ''):.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys) + " |\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The XPU compile registry (``_common.COMPILE_VARIANTS``) is complete and truthful.
+
+* Every kernel -- a ``@triton.jit`` function whose name ends with ``_kernel`` -- defined in any module
+  of ``triton_xpu_attn`` is registered with ``register_xpu_compile`` at least once, so
+  ``.ci/xpu_compile_check.py`` compiles it for Intel GPUs. ``@triton.jit`` helpers (names not ending
+  in ``_kernel``) are only called from kernels and are compiled as part of them.
+* Every variant's ``dots`` equals the number of ``tl.dot`` calls in the kernel's source, counting the
+  dots of ``@triton.jit`` helpers once per call site (the check asserts that many DPAS dots).
+
+Works with the interpreter (``InterpretedFunction``) and compiled mode (``JITFunction``), and sees
+through ``@triton.autotune`` / ``@triton.heuristics`` wrappers.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import textwrap
+
+import pytest
+import triton.language as tl
+
+import triton_xpu_attn
+from triton_xpu_attn._common import COMPILE_VARIANTS
+
+
+def _py_function(obj):
+    """The plain Python function under a @triton.jit / autotune / heuristics object."""
+    seen = 0
+    while not inspect.isfunction(obj) and hasattr(obj, "fn") and seen < 8:
+        obj = obj.fn
+        seen += 1
+    return obj if inspect.isfunction(obj) else None
+
+
+def _is_jit(obj) -> bool:
+    """A @triton.jit function (JITFunction, or InterpretedFunction under TRITON_INTERPRET=1),
+    possibly wrapped by @triton.autotune / @triton.heuristics."""
+    if inspect.isfunction(obj) or not hasattr(obj, "fn"):
+        return False
+    return type(obj).__module__.startswith("triton.") and _py_function(obj) is not None
+
+
+def _modules():
+    mods = [triton_xpu_attn]
+    for info in pkgutil.walk_packages(triton_xpu_attn.__path__, prefix="triton_xpu_attn."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # importing it would run the command line
+        mods.append(importlib.import_module(info.name))
+    return mods
+
+
+def _defined_kernels():
+    """(qualified name, python function) of every *_kernel JIT function defined in the package."""
+    found = {}
+    for mod in _modules():
+        for obj in vars(mod).values():
+            if not _is_jit(obj):
+                continue
+            fn = _py_function(obj)
+            if fn.__module__ == mod.__name__ and fn.__name__.endswith("_kernel"):
+                found[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return found
+
+
+def _resolve(node, namespace):
+    """The object an ast Name / dotted Attribute refers to in ``namespace`` (None if unknown)."""
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _resolve(node.value, namespace)
+        return getattr(base, node.attr, None) if base is not None else None
+    return None
+
+
+def _count_dots(fn, _stack=()) -> int:
+    """``tl.dot`` calls in ``fn``'s source plus, per call site, those of the JIT helpers it calls."""
+    if fn in _stack:
+        raise AssertionError(f"recursive @triton.jit call involving {fn.__name__}")
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    namespace = fn.__globals__
+    n = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = _resolve(node.func, namespace)
+        if callee is tl.dot:
+            n += 1
+        elif callee is not None and _is_jit(callee):
+            n += _count_dots(_py_function(callee), _stack + (fn,))
+        elif callee is None and isinstance(node.func, ast.Attribute) and node.func.attr == "dot":
+            # unresolvable `<something>.dot(...)`: count it when spelled like the language call
+            if isinstance(node.func.value, ast.Name) and node.func.value.id in ("tl", "language"):
+                n += 1
+    return n
+
+
+def _registered_functions():
+    return {id(_py_function(v.kernel)) for v in COMPILE_VARIANTS}
+
+
+def test_package_defines_kernels():
+    assert _defined_kernels(), "no *_kernel @triton.jit function found in triton_xpu_attn (detection broken?)"
+
+
+def test_every_kernel_is_registered():
+    registered = _registered_functions()
+    missing = sorted(name for name, fn in _defined_kernels().items() if id(fn) not in registered)
+    assert not missing, (
+        "kernels without a register_xpu_compile(...) entry (the XPU compile check would never compile "
+        f"them): {missing}. Register a representative variant next to each kernel's definition."
+    )
+
+
+@pytest.mark.parametrize("variant", COMPILE_VARIANTS, ids=[v.label for v in COMPILE_VARIANTS])
+def test_registered_dots_match_source(variant):
+    fn = _py_function(variant.kernel)
+    assert fn is not None, f"{variant.label}: registered object is not a @triton.jit function"
+    expected = _count_dots(fn)
+    assert variant.dots == expected, (
+        f"{variant.label}: registered with dots={variant.dots}, but the kernel's source holds {expected} "
+        "tl.dot call(s) (helpers counted per call site); pass dots= to register_xpu_compile"
+    )
+
+
+@pytest.mark.parametrize("variant", COMPILE_VARIANTS, ids=[v.label for v in COMPILE_VARIANTS])
+def test_registered_variant_is_well_formed(variant):
+    fn = _py_function(variant.kernel)
+    params = list(inspect.signature(fn).parameters)
+    assert list(variant.signature) == params, f"{variant.label}: signature keys differ from the kernel's parameters"
+    for name, ty in variant.signature.items():
+        if ty == "constexpr":
+            assert name in variant.constexprs, f"{variant.label}: constexpr {name} has no value"
+        else:
+            assert isinstance(ty, str) and ty, f"{variant.label}: {name} needs a Triton type string, got {ty!r}"
+    assert variant.op is None or (isinstance(variant.op, str) and variant.op), f"{variant.label}: bad op {variant.op!r}"

@@ -1,0 +1,489 @@
+"""Local (chunked) attention metadata: split each request into *virtual batches*, one per attention
+chunk its queries touch, so that ordinary causal paged attention over the virtual batches computes
+Llama-4-style chunked local attention (a query at absolute position ``i`` sees keys
+``[floor(i / C) * C, i]``).
+
+Why this op exists: sglang's host-side version was handed a token-granular table with
+``page_size > 1`` and silently returned garbage (sglang PR 23757; GSM8K 0.815 -> 0.005), and it
+clamps the chunk to ``max(seq_lens)``, which changes which keys a query sees once
+``page_size > 1``. Here the table is explicitly page-granular, the algorithm is vLLM's (no clamp),
+and everything is computed on the device by two kernels: per-request counts + prefix sum, then the
+fill. With ``max_virtual_batches`` the call never syncs with the host and can be captured in a
+CUDA graph.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .._common import (
+    INDEX_DTYPES,
+    cdiv,
+    check_page_size,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    device_guard,
+    next_power_of_2,
+    register_xpu_compile,
+)
+
+_SCAN_BLOCK = 1024  # requests per step of the single-program prefix sum
+_FILL_ELEMENTS = 2048  # block-table elements per program of the fill kernel
+
+
+@triton.jit
+def _request_geometry(q_len, seq_len, chunk):
+    """Per request: ``(q, first, nblk, last_k)`` -- the query count, the queries in the chunk where
+    the queries start, the number of virtual batches and the keys in the last chunk.
+
+    All int64 and non-negative: lengths are clamped at 0 so invalid input (``validate=False``) gives
+    bounded values instead of wild ones. ``seq_len == 0`` has no keys: ``last_k = 0``.
+    """
+    q = tl.maximum(q_len, 0)
+    s = tl.maximum(seq_len, 0)
+    context = tl.maximum(s - q, 0)
+    first = tl.minimum(chunk - context % chunk, q)
+    nblk = 1 + (q - first + chunk - 1) // chunk
+    last_k = tl.where(s > 0, (s - 1) % chunk + 1, 0)
+    return q, first, nblk, last_k
+
+
+@triton.jit
+def _local_vb_count_kernel(
+    query_start_loc_ptr,  # [B+1] int32/int64
+    seq_lens_ptr,  # [B] int32/int64
+    cu_nblk_ptr,  # [B+1] int32 out: cu_nblk[b] = virtual batches of requests < b
+    batch,
+    chunk,
+    BLOCK_B: tl.constexpr,
+):
+    """One program: virtual batches per request and their exclusive prefix sum (``cu_nblk[B]`` = V)."""
+    offs = tl.arange(0, BLOCK_B)
+    tl.store(cu_nblk_ptr + offs, tl.zeros([BLOCK_B], dtype=tl.int32), mask=offs == 0)
+    carry = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int64), axis=0)
+    for start in range(0, batch, BLOCK_B):
+        b = start + offs
+        inside = b < batch
+        q0 = tl.load(query_start_loc_ptr + b, mask=inside, other=0).to(tl.int64)
+        q1 = tl.load(query_start_loc_ptr + b + 1, mask=inside, other=0).to(tl.int64)
+        s = tl.load(seq_lens_ptr + b, mask=inside, other=0).to(tl.int64)
+        _, _, nblk, _ = _request_geometry(q1 - q0, s, chunk)
+        nblk = tl.where(inside, nblk, 0)
+        inclusive = tl.cumsum(nblk, axis=0) + carry
+        tl.store(cu_nblk_ptr + 1 + b, inclusive.to(tl.int32), mask=inside)
+        carry += tl.sum(nblk, axis=0)
+
+
+@triton.jit
+def _local_vb_fill_kernel(
+    query_start_loc_ptr,  # [B+1]
+    seq_lens_ptr,  # [B]
+    cu_nblk_ptr,  # [B+1] int32 from the count kernel
+    block_table_ptr,  # [B, max_pages] page-granular
+    stride_bt_row,
+    stride_bt_col,
+    max_pages,
+    seqlens_q_ptr,  # [num_out] int32 out
+    cu_seqlens_q_ptr,  # [num_out + 1] int32 out
+    seqlens_k_ptr,  # [num_out] int32 out
+    bt_local_ptr,  # [num_out, pages_per_chunk] int32 out
+    stride_btl_row,
+    batch,
+    num_out,
+    chunk,
+    page_size,
+    pages_per_chunk,
+    search_steps,
+    BLOCK_V: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """Grid ``(cdiv(num_out + 1, BLOCK_V), cdiv(pages_per_chunk, BLOCK_P))``: virtual batches
+    ``v`` of this program's block (and, for column block 0, their lengths and ``cu`` entries)."""
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    total = tl.load(cu_nblk_ptr + batch)
+    # request of v: the largest b with cu_nblk[b] <= v (cu_nblk is strictly increasing)
+    lo = tl.zeros([BLOCK_V], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_V], dtype=tl.int32) + (batch - 1)
+    for _ in range(0, search_steps):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(cu_nblk_ptr + mid) <= v
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    b = lo
+    active = v < total  # v >= total: an unused virtual batch (graph mode) -> lengths 0, pages 0
+    vb_first = tl.load(cu_nblk_ptr + b)
+    a = (v - vb_first).to(tl.int64)  # index of v within its request
+    nblk_b = (tl.load(cu_nblk_ptr + b + 1) - vb_first).to(tl.int64)
+    q0 = tl.load(query_start_loc_ptr + b).to(tl.int64)
+    q1 = tl.load(query_start_loc_ptr + b + 1).to(tl.int64)
+    s = tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0)
+    q, first, _, last_k = _request_geometry(q1 - q0, s, chunk)
+    k_start = tl.maximum(s - ((nblk_b - 1 - a) * chunk + last_k), 0)  # a multiple of chunk
+
+    if tl.program_id(1) == 0:
+        base = tl.load(query_start_loc_ptr).to(tl.int64)
+        end = tl.load(query_start_loc_ptr + batch).to(tl.int64)
+        q_local = tl.where(a == 0, first, tl.minimum(q - first - chunk * (a - 1), chunk))
+        q_before = tl.where(a == 0, 0, first + chunk * (a - 1))
+        k_local = tl.where(a == nblk_b - 1, last_k, chunk)
+        cu = tl.where(active, q0 - base + q_before, end - base)
+        q_local = tl.where(active, q_local, 0)
+        k_local = tl.where(active, k_local, 0)
+        tl.store(seqlens_q_ptr + v, q_local.to(tl.int32), mask=v < num_out)
+        tl.store(seqlens_k_ptr + v, k_local.to(tl.int32), mask=v < num_out)
+        tl.store(cu_seqlens_q_ptr + v, cu.to(tl.int32), mask=v <= num_out)
+
+    # block_table_local[v, j] = block_table[b, min(k_start / P + j, max_pages - 1)] (vLLM's clamp:
+    # columns past the last key are never read by attention; the clamp only keeps loads in bounds)
+    j = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    page = (k_start // page_size)[:, None] + j[None, :]
+    page = tl.maximum(tl.minimum(page, max_pages - 1), 0)
+    read = active[:, None] & (j[None, :] < pages_per_chunk * tl.minimum(max_pages, 1))  # nothing if no columns
+    entry = tl.load(
+        block_table_ptr + b.to(tl.int64)[:, None] * stride_bt_row + page * stride_bt_col, mask=read, other=0
+    )
+    write = (v < num_out)[:, None] & (j[None, :] < pages_per_chunk)
+    tl.store(bt_local_ptr + v.to(tl.int64)[:, None] * stride_btl_row + j[None, :], entry.to(tl.int32), mask=write)
+
+
+register_xpu_compile(
+    _local_vb_count_kernel,
+    "i32",
+    dict(query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", batch="i32", chunk="i64", BLOCK_B=1024),
+    num_warps=4,
+)
+register_xpu_compile(
+    _local_vb_fill_kernel,
+    "i32",
+    dict(
+        query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
+        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
+        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128,
+    ),
+    num_warps=4,
+)
+register_xpu_compile(
+    _local_vb_fill_kernel,
+    "i64,BLOCK_P256",
+    dict(
+        query_start_loc_ptr="*i64", seq_lens_ptr="*i64", cu_nblk_ptr="*i32", block_table_ptr="*i64",
+        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
+        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=256,
+    ),
+    num_warps=4,
+)
+
+
+def max_local_attention_virtual_batches(batch_size: int, num_tokens: int, attn_chunk_size: int) -> int:
+    """Exact upper bound on the number of virtual batches ``V`` that
+    :func:`make_local_attention_virtual_batches` makes for any batch of ``batch_size`` requests
+    holding ``num_tokens`` query tokens in all (the size to give ``max_virtual_batches``).
+
+    Request ``b`` with ``q_b`` queries gives ``1 + cdiv(q_b - 1, C)`` virtual batches at most (its
+    queries touch at most that many chunks; 1 when ``q_b <= 1``), so ``V <= B + sum_b cdiv(q_b - 1, C)``.
+    Maximised over all splits of ``T = num_tokens`` among the ``B`` requests:
+
+    * ``C >= 2``: ``V <= B + m + (T - 2 m) // C`` with ``m = min(B, T // 2)``;
+    * ``C == 1``: ``V <= B + T - 1`` (``T >= 1``), ``B`` when ``T == 0``.
+
+    Both are attained. Pure decode (every ``q_b <= 1``) has ``V == B`` exactly, and a batch whose
+    ``q_b <= C`` has ``V <= 2 B``.
+    """
+    for name, value in (("batch_size", batch_size), ("num_tokens", num_tokens)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    chunk = check_positive_int(_as_int(attn_chunk_size), "attn_chunk_size")
+    batch, tokens = int(batch_size), int(num_tokens)
+    if batch == 0:
+        if tokens:
+            raise ValueError(f"num_tokens must be 0 when batch_size is 0, got {tokens}")
+        return 0
+    if chunk == 1:
+        return batch + max(tokens - 1, 0)
+    m = min(batch, tokens // 2)
+    return batch + m + (tokens - 2 * m) // chunk
+
+
+def _as_int(value):
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def _lengths_to_tensor(name: str, value, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got numpy dtype {value.dtype}")
+    host = torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64 if value.dtype.itemsize > 4 else np.int32))
+    return host.to(device)
+
+
+def _check_out(out, num_out: int | None, pages_per_chunk: int, device: torch.device) -> int:
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        raise TypeError("out must be a tuple (seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local)")
+    sq, cu, sk, btl = out
+    check_tensor("out[0] (seqlens_q_local)", sq, dtypes=(torch.int32,), ndim=1)
+    v = sq.shape[0]
+    if num_out is not None and num_out != v:
+        raise ValueError(f"max_virtual_batches ({num_out}) must equal out[0].shape[0] ({v})")
+    check_tensor("out[1] (cu_seqlens_q_local)", cu, dtypes=(torch.int32,), shape=(v + 1,))
+    check_tensor("out[2] (seqlens_k_local)", sk, dtypes=(torch.int32,), shape=(v,))
+    check_tensor("out[3] (block_table_local)", btl, dtypes=(torch.int32,), shape=(v, pages_per_chunk), last_dim_contiguous=True)
+    for name, t in (("out[0]", sq), ("out[1]", cu), ("out[2]", sk)):
+        if t.numel() > 1 and t.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous")
+    for i, t in enumerate(out):
+        if t.device != device:
+            raise ValueError(f"out[{i}] is on {t.device} but block_table is on {device}: all must be on one device")
+    return v
+
+
+def make_local_attention_virtual_batches(
+    attn_chunk_size: int,
+    query_start_loc,
+    seq_lens,
+    block_table: torch.Tensor,
+    page_size: int,
+    *,
+    max_virtual_batches: int | None = None,
+    validate: bool = False,
+    num_pages: int | None = None,
+    out: tuple | None = None,
+):
+    """Split a batch into the *virtual batches* of chunked local attention (vLLM's algorithm), on
+    the device.
+
+    Chunked local attention (Llama 4): a query at absolute position ``i`` attends the keys
+    ``[floor(i / C) * C, i]``, ``C = attn_chunk_size``. Each request is cut at chunk boundaries into
+    one virtual batch per chunk its queries touch; running ordinary **causal** (bottom-right
+    aligned) paged attention with ``cu_seqlens_q = cu_seqlens_q_local``,
+    ``cache_seqlens = seqlens_k_local`` and ``page_table = block_table_local`` then computes exactly
+    chunked local attention, in the original query order (the virtual batches of request ``b`` hold
+    its queries in order, so ``q`` and the output need no permutation).
+
+    For request ``b`` with ``q = query_start_loc[b+1] - query_start_loc[b]`` queries and
+    ``s = seq_lens[b]`` keys: ``first = min(C - (s - q) % C, q)`` queries fall in the chunk where its
+    queries start, it gets ``nblk = 1 + cdiv(q - first, C)`` virtual batches (one when ``q == 0``),
+    the ``a``-th holding ``first`` (``a == 0``) or ``min(q - first - C (a - 1), C)`` queries and
+    ``C`` keys, except the last, which holds ``last_k = (s - 1) % C + 1`` keys. Virtual batch ``v``
+    (request ``b``, ``r = nblk - 1 - a`` from the end) starts at key ``k_start = s - (r C + last_k)``,
+    a multiple of ``C``, and ``block_table_local[v, j] = block_table[b, min(k_start / P + j,
+    max_pages - 1)]``. The clamp (vLLM's) only affects columns past the virtual batch's last key,
+    which attention never reads (reads stop at ``seqlens_k_local[v]``); it keeps every load inside
+    the table.
+
+    Unlike sglang's host version the chunk is **not** clamped to ``max(seq_lens)``: with
+    ``page_size > 1`` that clamp moves chunk boundaries and changes which keys a query sees.
+    One deliberate difference from vLLM: a request with ``seq_lens[b] == 0`` gets ``last_k = 0``
+    (vLLM's formula would give ``C`` keys that do not exist).
+
+    Example (sglang, token-granular ``req_to_token``: make it page-granular first)::
+
+        page_table = normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size)
+        sq, cu, sk, bt = make_local_attention_virtual_batches(8192, cu_seqlens_q, seq_lens, page_table, page_size)
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=sk, page_table=bt,
+                                      cu_seqlens_q=cu, max_seqlen_q=max_q, causal=True)
+
+    Parameters
+    ----------
+    attn_chunk_size : int
+        ``C``, the attention chunk in tokens; a positive multiple of ``page_size``.
+    query_start_loc : torch.Tensor or numpy.ndarray
+        ``[B+1]`` int32/int64: cumulative query counts (``cu_seqlens_q``), non-decreasing.
+    seq_lens : torch.Tensor or numpy.ndarray
+        ``[B]`` int32/int64: KV length of each request **including** its new query tokens
+        (``seq_lens[b] >= q_len[b]``). Pass both as numpy arrays (sglang's drop-in call) and the
+        three length outputs come back as numpy arrays, at the cost of host<->device copies.
+    block_table : torch.Tensor
+        ``[B, max_pages]`` int32/int64, **page-granular**: ``block_table[b, p]`` is the physical page
+        of logical page ``p`` (tokens ``p*P .. p*P+P-1``) of request ``b``; any strides. The
+        computation runs on its device. A token-granular ``req_to_token`` must go through
+        :func:`normalize_page_table` first.
+    page_size : int
+        ``P``, tokens per page: a power of two from 1 to 256 dividing ``attn_chunk_size``.
+    max_virtual_batches : int, optional
+        Graph mode. Every output gets this fixed size ``M``; virtual batches ``V .. M-1`` are unused:
+        q and k lengths 0, ``cu_seqlens_q_local`` stays at the total query count, table rows 0.
+        Nothing syncs with the host, so the call can be captured in a CUDA graph. ``M`` must be at
+        least ``B`` (every request makes one virtual batch); size it with
+        :func:`max_local_attention_virtual_batches` (exact bound: ``B + m + (T - 2m) // C``,
+        ``m = min(B, T // 2)``, for ``T`` query tokens and ``C >= 2``; ``V == B`` for pure decode).
+        If the batch needs more than ``M``, only the first ``M`` virtual batches are produced
+        (``cu_seqlens_q_local[M]`` then ends before the last queries, whose outputs attention leaves
+        unwritten); the call cannot report that without a sync, so check it with ``validate=True``
+        outside graph capture. Without ``max_virtual_batches`` (and ``out``), ``V`` is read back to
+        the host once to size the outputs (one device->host sync).
+    validate : bool
+        Check the input on the host (syncs; not capturable) and raise ``ValueError`` for:
+        a decreasing ``query_start_loc``, ``seq_lens[b] < q_len[b]``, a length beyond the table
+        (``cdiv(seq_lens[b], P) > max_pages``), a used table entry (``block_table_local[v, j]``,
+        ``j < cdiv(seqlens_k_local[v], P)``) outside ``[0, num_pages)``, and, in graph mode,
+        ``V > max_virtual_batches``. Without it such input gives unspecified (but in-bounds) output.
+    num_pages : int, optional
+        Pages in the KV pool, for ``validate`` (without it only negative entries are caught).
+    out : tuple of torch.Tensor, optional
+        Graph-mode destinations ``(seqlens_q_local [M], cu_seqlens_q_local [M+1],
+        seqlens_k_local [M], block_table_local [M, C // P])``, int32, on ``block_table``'s device;
+        implies ``max_virtual_batches = M``. Every element is written.
+
+    Returns
+    -------
+    seqlens_q_local : torch.Tensor or numpy.ndarray
+        ``[V]`` int32: queries of each virtual batch.
+    cu_seqlens_q_local : torch.Tensor or numpy.ndarray
+        ``[V+1]`` int32: their cumulative sum from 0 (offsets into ``q``, relative to
+        ``query_start_loc[0]``).
+    seqlens_k_local : torch.Tensor or numpy.ndarray
+        ``[V]`` int32: keys of each virtual batch (``<= C``; pass as ``cache_seqlens``).
+    block_table_local : torch.Tensor
+        ``[V, C // P]`` int32 page-granular table of each virtual batch's chunk, on the device.
+
+    ``V`` is ``max_virtual_batches`` in graph mode. Numpy inputs give numpy arrays for the three
+    lengths (like sglang's version) and a device tensor for the table.
+    """
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+    numpy_mode = isinstance(query_start_loc, np.ndarray)
+    if numpy_mode != isinstance(seq_lens, np.ndarray):
+        raise TypeError("query_start_loc and seq_lens must both be numpy arrays or both be torch tensors")
+    chunk = check_positive_int(_as_int(attn_chunk_size), "attn_chunk_size")
+    page_size = check_page_size(_as_int(page_size))
+    if chunk % page_size:
+        raise ValueError(f"attn_chunk_size ({chunk}) must be a multiple of page_size ({page_size})")
+    pages_per_chunk = chunk // page_size
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, numbers.Integral) or num_pages < 0):
+        raise ValueError(f"num_pages must be a non-negative int, got {num_pages!r}")
+    device = block_table.device
+    query_start_loc = _lengths_to_tensor("query_start_loc", query_start_loc, device)
+    seq_lens = _lengths_to_tensor("seq_lens", seq_lens, device)
+    check_tensor("query_start_loc", query_start_loc, dtypes=INDEX_DTYPES, ndim=1)
+    if query_start_loc.shape[0] < 1:
+        raise ValueError("query_start_loc must have B+1 >= 1 entries, got shape [0]")
+    batch = query_start_loc.shape[0] - 1
+    check_tensor("seq_lens", seq_lens, dtypes=INDEX_DTYPES, shape=(batch,))
+    check_tensor("block_table", block_table, dtypes=INDEX_DTYPES, ndim=2)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have B = {batch} rows (one per request), got shape {list(block_table.shape)}")
+    check_same_device(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    if max_virtual_batches is not None:
+        max_virtual_batches = _as_int(max_virtual_batches)
+        if isinstance(max_virtual_batches, bool) or not isinstance(max_virtual_batches, int) or max_virtual_batches < 0:
+            raise ValueError(f"max_virtual_batches must be a non-negative int, got {max_virtual_batches!r}")
+    if out is not None:
+        max_virtual_batches = _check_out(out, max_virtual_batches, pages_per_chunk, device)
+    if max_virtual_batches is not None and max_virtual_batches < batch:
+        raise ValueError(
+            f"max_virtual_batches ({max_virtual_batches}) must be at least the batch size {batch}: every request "
+            "makes at least one virtual batch"
+        )
+    query_start_loc = query_start_loc.contiguous()
+    seq_lens = seq_lens.contiguous()
+    max_pages = block_table.shape[1]
+    if validate:
+        _validate_lengths(query_start_loc, seq_lens, page_size, max_pages)
+
+    cu_nblk = torch.empty(batch + 1, dtype=torch.int32, device=device)
+    with device_guard(device):
+        if batch > 0:
+            _local_vb_count_kernel[(1,)](
+                query_start_loc, seq_lens, cu_nblk, batch, chunk, BLOCK_B=_SCAN_BLOCK, num_warps=4
+            )
+        else:
+            cu_nblk.zero_()
+        if max_virtual_batches is None:
+            num_out = int(cu_nblk[batch].item())  # the one host sync: V sizes the outputs
+        else:
+            num_out = max_virtual_batches
+            if validate:
+                needed = int(cu_nblk[batch].item())
+                if needed > num_out:
+                    raise ValueError(f"the batch needs {needed} virtual batches, more than max_virtual_batches = {num_out}")
+        if out is None:  # one allocation, four views (allocations dominate the cost of small calls)
+            buf = torch.empty(num_out * (3 + pages_per_chunk) + 1, dtype=torch.int32, device=device)
+            out = (
+                buf[:num_out],
+                buf[num_out : 2 * num_out + 1],
+                buf[2 * num_out + 1 : 3 * num_out + 1],
+                buf[3 * num_out + 1 :].view(num_out, pages_per_chunk),
+            )
+        seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local = out
+        if batch == 0:
+            for t in out:
+                t.zero_()
+        else:
+            block_p = min(next_power_of_2(pages_per_chunk), 256)
+            block_v = min(128, max(16, _FILL_ELEMENTS // block_p))
+            grid = (cdiv(num_out + 1, block_v), cdiv(pages_per_chunk, block_p))
+            _local_vb_fill_kernel[grid](
+                query_start_loc,
+                seq_lens,
+                cu_nblk,
+                block_table if max_pages > 0 else cu_nblk,  # no columns: a placeholder, never read
+                block_table.stride(0),
+                block_table.stride(1),
+                max_pages,
+                seqlens_q_local,
+                cu_seqlens_q_local,
+                seqlens_k_local,
+                block_table_local,
+                block_table_local.stride(0),
+                batch,
+                num_out,
+                chunk,
+                page_size,
+                pages_per_chunk,
+                batch.bit_length(),
+                BLOCK_V=block_v,
+                BLOCK_P=block_p,
+                num_warps=4,
+            )
+    if validate:
+        _validate_entries(seqlens_k_local, block_table_local, page_size, num_pages)
+    if numpy_mode:
+        return (
+            seqlens_q_local.cpu().numpy(),
+            cu_seqlens_q_local.cpu().numpy(),
+            seqlens_k_local.cpu().numpy(),
+            block_table_local,
+        )
+    return seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local
+
+
+def _validate_lengths(query_start_loc, seq_lens, page_size: int, max_pages: int) -> None:
+    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    seq = seq_lens.long()
+    if bool((q_lens < 0).any()):
+        raise ValueError("query_start_loc must be non-decreasing")
+    if bool((seq < q_lens).any()):
+        b = int(torch.nonzero(seq < q_lens)[0, 0])
+        raise ValueError(f"seq_lens[{b}] = {int(seq[b])} is less than the request's {int(q_lens[b])} queries")
+    if bool(((seq + page_size - 1) // page_size > max_pages).any()):
+        b = int(torch.nonzero((seq + page_size - 1) // page_size > max_pages)[0, 0])
+        raise ValueError(
+            f"seq_lens[{b}] = {int(seq[b])} needs more pages than block_table has columns ({max_pages}, page_size {page_size})"
+        )
+
+
+def _validate_entries(seqlens_k_local, block_table_local, page_size: int, num_pages: int | None) -> None:
+    cols = torch.arange(block_table_local.shape[1], device=block_table_local.device)
+    used = cols[None, :] * page_size < seqlens_k_local[:, None].long()
+    bad = block_table_local < 0
+    if num_pages is not None:
+        bad |= block_table_local >= num_pages
+    bad &= used
+    if bool(bad.any()):
+        v, j = (int(x) for x in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"block_table entry {int(block_table_local[v, j])} (virtual batch {v}, column {j}) is outside the page "
+            f"pool [0, {num_pages if num_pages is not None else 'num_pages'})"
+        )
