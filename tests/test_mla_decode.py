@@ -1,3 +1,4 @@
+import contextlib
 import math
 
 import pytest
@@ -5,9 +6,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, poison
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close
 from triton_xpu_attn import flash_mla_decode, flash_mla_get_workspace_size
 from triton_xpu_attn import reference as ref
+from triton_xpu_attn import tune
 from triton_xpu_attn.ops import mla_decode as mla_mod
 
 PAGE_SIZES = [2**i for i in range(9)]
@@ -67,8 +69,9 @@ def _run_and_check(q_nope, q_pe, cache, cache_ref, seq_lens, table, dtype, split
         qn, qp, hdv = torch.cat([q_nope, q_pe], -1).to(DEVICE), None, R
     else:
         qn, qp, hdv = q_nope.to(DEVICE), q_pe.to(DEVICE), None
-    got = flash_mla_decode(qn, qp, cache, seq_lens.to(DEVICE), table.to(DEVICE), ws, sm_scale, splits,
-                           return_lse=return_lse, kv_scale=kv_scale, head_dim_v=hdv, _config=config)
+    with tune.override("mla_decode", config) if config is not None else contextlib.nullcontext():
+        got = flash_mla_decode(qn, qp, cache, seq_lens.to(DEVICE), table.to(DEVICE), ws, sm_scale, splits,
+                               return_lse=return_lse, kv_scale=kv_scale, head_dim_v=hdv)
     exp_out, exp_lse = ref.mla_decode(q_nope, q_pe, cache_ref, seq_lens, table, sm_scale, kv_scale=kv_scale)
     out = got[0] if return_lse else got
     assert out.dtype == dtype and out.shape == exp_out.shape

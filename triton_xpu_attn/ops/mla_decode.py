@@ -21,7 +21,7 @@ fills (on the device).
 Configs (``tune.lookup("mla_decode", ...)``; bucket fields ``rows`` = q_len x H rounded up to a
 power of two in 16..128, ``r`` = R, ``dtype``): ``BLOCK_H`` (rows per program, >= 16),
 ``BLOCK_N`` (keys per tile, >= 16), ``BLOCK_DV`` (output channels per program, 0 = all R),
-``num_warps``, ``num_stages``, ``grf_mode`` (XPU).
+``num_warps``, ``num_stages``, ``grf_mode`` (XPU). ``tune.override("mla_decode", config)`` forces one.
 """
 from __future__ import annotations
 
@@ -391,7 +391,6 @@ def flash_mla_decode(
     return_lse: bool = False,
     kv_scale: float | torch.Tensor | None = None,
     head_dim_v: int | None = None,
-    _config: dict | None = None,
 ):
     """Multi-head latent attention decode over a paged latent cache (sgl-kernel-xpu drop-in).
 
@@ -531,9 +530,7 @@ def flash_mla_decode(
         return (out, lse) if return_lse else out
 
     fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "dtype": str(dtype).replace("torch.", "")}
-    config = _config if _config is not None else tune.lookup(
-        "mla_decode", fields, _heuristic_config(rows, R, dtype), device=device
-    )
+    config = tune.lookup("mla_decode", fields, _heuristic_config(rows, R, dtype), device=device)
     block_r = max(16, next_power_of_2(R))
     block_dr = max(16, next_power_of_2(DR))
     block_h = max(16, int(config["BLOCK_H"]))

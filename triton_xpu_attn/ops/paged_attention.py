@@ -325,8 +325,15 @@ _UNSUPPORTED = {
 }
 
 
-def _heuristic_config(decode_like: bool, head_dim: int, page_size: int) -> dict:
-    block_n = 64 if head_dim <= 128 else 32
+def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
+    """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
+    batch wants long tiles over many splits, a full one shorter tiles)."""
+    if decode_like:
+        block_n = 128 if work <= 2 else 64
+    else:
+        block_n = 64
+    if head_dim > 128:
+        block_n = min(block_n, 32)  # [BLOCK_N, D] tiles of K and V must fit the registers
     return dict(
         BLOCK_N=block_n,
         BLOCK_M=64,  # query rows (token x head) of a prefill tile
@@ -335,7 +342,7 @@ def _heuristic_config(decode_like: bool, head_dim: int, page_size: int) -> dict:
         min_split_tokens=256,  # a split covers at least this many keys
         waves=2,  # aim for this many programs per compute unit when splitting
         max_splits=64,
-        grf_mode="256" if head_dim > 128 else None,
+        grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
 
 
@@ -544,26 +551,32 @@ def flash_attn_with_kvcache(
 
     # ---- tiling: (token, head) rows of one KV head's query group ----
     decode_like = max_q is not None and max_q <= 16
+    heads_per_block = min(next_power_of_2(group_size), 64)
+    num_head_blocks = cdiv(group_size, heads_per_block)
+
+    def query_tiling(block_m: int) -> tuple[int, int, int]:
+        """(BLOCK_Q, query programs, tiles per request) for a tile of ``block_m`` rows."""
+        if decode_like and next_power_of_2(max_q) * heads_per_block <= block_m:
+            block_q = next_power_of_2(max_q)  # every query of a request in one tile: KV read once
+        else:
+            block_q = max(1, block_m // heads_per_block)
+        block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
+        if mapping == _SEARCH:
+            return block_q, cdiv(total_q, block_q) + batch, 0
+        tiles = cdiv(max_q, block_q) if max_q else 1
+        return block_q, batch * tiles, tiles
+
+    compute_units = _device.compute_units(device)
+    _, programs_guess, _ = query_tiling(64)
+    work = tune.work_bucket(programs_guess * num_kv_heads * num_head_blocks, compute_units)
     config = tune.lookup(
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
-             q="decode" if decode_like else "prefill", dtype=str(k_cache.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, page_size),
+             q="decode" if decode_like else "prefill", w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
+        _heuristic_config(decode_like, head_dim, work),
         device=device,
     )
-    heads_per_block = min(next_power_of_2(group_size), 64)
-    num_head_blocks = cdiv(group_size, heads_per_block)
-    if decode_like and next_power_of_2(max_q) * heads_per_block <= config["BLOCK_M"]:
-        block_q = next_power_of_2(max_q)  # every query of a request in one tile: KV read once
-    else:
-        block_q = max(1, config["BLOCK_M"] // heads_per_block)
-    block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
-    if mapping == _SEARCH:
-        num_q_programs = cdiv(total_q, block_q) + batch
-        tiles_per_request = 0
-    else:
-        tiles_per_request = cdiv(max_q, block_q) if max_q else 1
-        num_q_programs = batch * tiles_per_request
+    block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 
     # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
     max_kv_len = page_table.shape[1] * page_size
@@ -571,7 +584,7 @@ def flash_attn_with_kvcache(
         max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
     programs = num_q_programs * num_kv_heads * num_head_blocks
     if num_splits == 0:
-        splits = cdiv(config["waves"] * _device.compute_units(device), programs)
+        splits = cdiv(config["waves"] * compute_units, programs)
         splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
     else:
         splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))

@@ -1,0 +1,416 @@
+"""Kernel configs: loading per-device config files, the built-in fallbacks, and the tuner that
+writes those files (``python -m triton_xpu_attn.tune``, entry point in ``__main__.py``).
+
+Lookup order for an op and a shape bucket:
+1. ``$TRITON_XPU_ATTN_CONFIG_DIR/<backend>/<device_key>.json`` (a user's own tuning),
+2. the shipped ``autotune_configs/<backend>/<device_key>.json`` (vLLM's convention: one JSON per
+   device, named from the device name, recording the Triton version it was tuned with),
+3. the op's built-in heuristic.
+Within a file, an op maps bucket keys (``"d=128|g=4|p=16|..."``) to configs; a ``"default"``
+entry serves buckets that were not tuned.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import sys
+from typing import Any, Callable
+
+from .. import device as _device
+
+CONFIG_DIR_ENV = "TRITON_XPU_ATTN_CONFIG_DIR"
+
+#: where the shipped files live: inside the package when installed from a wheel
+#: (``triton_xpu_attn.autotune_configs``), next to the package in a source checkout.
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+_SHIPPED_DIRS = (_PACKAGE_DIR / "autotune_configs", _PACKAGE_DIR.parent / "autotune_configs")
+
+#: op name -> where its last lookup came from ("user:…", "shipped:…", "heuristic"); the self-check prints it.
+LAST_SOURCE: dict[str, str] = {}
+
+
+def bucket_key(fields: dict) -> str:
+    """Stable text key of a shape bucket, e.g. ``{"d": 128, "g": 4}`` -> ``"d=128|g=4"``."""
+    return "|".join(f"{k}={fields[k]}" for k in sorted(fields))
+
+
+def pow2_bucket(n: int, lo: int = 1, hi: int = 1 << 20) -> int:
+    """Round ``n`` up to a power of two inside ``[lo, hi]``: length and batch buckets."""
+    b = lo
+    while b < n and b < hi:
+        b *= 2
+    return b
+
+
+def config_file_candidates(backend: str, key: str) -> list[tuple[str, pathlib.Path]]:
+    found = []
+    user = os.environ.get(CONFIG_DIR_ENV)
+    if user:
+        found.append(("user", pathlib.Path(user) / backend / f"{key}.json"))
+    for d in _SHIPPED_DIRS:
+        found.append(("shipped", d / backend / f"{key}.json"))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> dict | None:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        return None
+    with p.open() as f:
+        return json.load(f)
+
+
+def clear_cache() -> None:
+    """Forget loaded files and memoised lookups (after writing or changing config files)."""
+    _load.cache_clear()
+    _MEMO.clear()
+
+
+def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
+    """Config for ``op`` at the bucket ``fields``: user file, shipped file, else ``heuristic``.
+
+    Entries of a file config override the heuristic's keys (a file may tune only some knobs).
+    Results are memoised per (op, bucket, device): this runs on every launch.
+    """
+    forced = _OVERRIDES.get(op)
+    if forced is not None:
+        LAST_SOURCE[op] = "override"
+        return {**heuristic, **forced}
+    index = None
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        index = device.index
+    memo_key = (op, tuple(sorted(fields.items())), tuple(sorted(heuristic.items())), index)
+    hit = _MEMO.get(memo_key)
+    if hit is None:
+        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device)
+    LAST_SOURCE[op] = hit[1]
+    return dict(hit[0])
+
+
+_MEMO: dict = {}
+_OVERRIDES: dict[str, dict] = {}
+
+
+@contextlib.contextmanager
+def override(op: str, config: dict):
+    """Force ``config`` for every launch of ``op`` inside the block (the tuner's candidates)."""
+    previous = _OVERRIDES.get(op)
+    _OVERRIDES[op] = dict(config)
+    try:
+        yield
+    finally:
+        if previous is None:
+            _OVERRIDES.pop(op, None)
+        else:
+            _OVERRIDES[op] = previous
+
+
+def _parse_bucket(text: str) -> dict:
+    out = {}
+    for part in text.split("|"):
+        k, _, v = part.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
+
+
+def nearest_bucket(table: dict, fields: dict) -> str | None:
+    """The tuned bucket closest to ``fields``: text fields must match; numeric ones (all powers
+    of two or small counts) are compared on a log scale. ``None`` if nothing is comparable."""
+    best, best_distance = None, float("inf")
+    for text in table:
+        if text == "default":
+            continue
+        other = _parse_bucket(text)
+        if set(other) != set(fields):
+            continue
+        distance = 0.0
+        for k, v in fields.items():
+            w = other[k]
+            if isinstance(v, int) and isinstance(w, int):
+                distance += abs(math.log2(max(v, 1)) - math.log2(max(w, 1)))
+            elif v != w:
+                distance = float("inf")
+                break
+        if distance < best_distance:
+            best, best_distance = text, distance
+    return best
+
+
+def _lookup(op: str, fields: dict, heuristic: dict, device) -> tuple[dict, str]:
+    backend = _device.backend()
+    if backend != "interpreter":
+        key = _device.device_key(device)
+        bucket = bucket_key(fields)
+        for kind, path in config_file_candidates(backend, key):
+            data = _load(str(path))
+            if not data:
+                continue
+            table = data.get("ops", {}).get(op, {})
+            if bucket in table:
+                return {**heuristic, **table[bucket]}, f"{kind}:{path.name}"
+            near = nearest_bucket(table, fields)
+            if near is not None:
+                return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
+            if "default" in table:
+                return {**heuristic, **table["default"]}, f"{kind}:{path.name} (default)"
+    return dict(heuristic), "heuristic"
+
+
+def work_bucket(programs: int, compute_units: int) -> int:
+    """How much parallel work a launch has, relative to the device: ``4 x programs / compute
+    units`` rounded up to a power of two in 1..32. Split policies and tile sizes are tuned per
+    work bucket (a single request and a batch of 128 want different configs)."""
+    return pow2_bucket(-(-4 * programs // max(compute_units, 1)), 1, 32)
+
+
+def launch_options(config: dict) -> dict:
+    """Keyword options for a kernel launch from a config: ``num_warps``/``num_stages`` everywhere,
+    ``grf_mode`` only on XPU (other backends reject it), respelled for the installed Triton."""
+    opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+    if _device.backend() == "xpu" and config.get("grf_mode"):
+        mode = config["grf_mode"]
+        if mode in ("large", "256"):
+            mode = _device.xpu_large_grf_mode()
+        opts["grf_mode"] = mode
+    return opts
+
+
+# ------------------------------------------------------------------------------------------
+# The tuner: python -m triton_xpu_attn.tune [--ops ...] [--quick] [--out DIR]
+# ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TuningSpec:
+    """How to tune one op: its buckets (the ``fields`` its launcher looks up), a few
+    representative problems per bucket, and candidate configs (tried in two stages: tile shape
+    first, then the rest with the best tile)."""
+
+    buckets: Callable[[bool], list[dict]]
+    problems: Callable[[dict, bool], list[dict]]
+    make: Callable[[dict, dict, Any], Any]  # (problem, bucket fields, device) -> inputs on the device
+    run: Callable[[Any], Any]  # prepared inputs -> output tensor (uses tune.lookup inside)
+    reference: Callable[[Any], Any]  # prepared inputs -> float reference output
+    tolerance: float
+    stage1: Callable[[dict, bool], list[dict]]
+    stage2: Callable[[dict, bool], list[dict]]
+
+
+TUNING_SPECS: dict[str, TuningSpec] = {}
+
+
+def _config_id(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _time_graph(fn) -> float:
+    """Median microseconds of ``fn`` replayed from a device graph (no Python launch overhead),
+    falling back to eager launches where graphs are unavailable."""
+    import torch
+    from triton.testing import do_bench
+
+    replay = fn
+    if _device.backend() == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        replay = graph.replay
+    return do_bench(replay, warmup=10, rep=50, return_mode="median") * 1e3
+
+
+def _measure(op: str, spec: TuningSpec, prepared: list, references: list, config: dict | None) -> float | None:
+    """Geometric-mean microseconds over the bucket's problems, or None if any output is wrong."""
+    ctx = override(op, config) if config is not None else contextlib.nullcontext()
+    times = []
+    with ctx:
+        for inputs, ref in zip(prepared, references):
+            try:
+                out = spec.run(inputs)
+            except Exception as exc:  # a config that does not compile (resources) is just skipped
+                print(f"      fails: {type(exc).__name__}: {str(exc)[:100]}")
+                return None
+            err = ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+            if not err < spec.tolerance:
+                print(f"      wrong: relative error {err:.2e}")
+                return None
+            times.append(_time_graph(lambda: spec.run(inputs)))
+    return float(math.exp(sum(math.log(t) for t in times) / len(times)))
+
+
+def tune(ops: list[str], quick: bool, out_dir: str) -> pathlib.Path:
+    import datetime
+
+    import torch
+    import triton
+
+    backend = _device.backend()
+    key = _device.device_key()
+    folder = pathlib.Path(out_dir) / backend
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    progress_path = folder / f"{key}.progress.json"
+    progress = json.loads(progress_path.read_text()) if progress_path.exists() else {}
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update(
+        device_name=_device.device_name(), device_key=key, backend=backend, triton_version=triton.__version__,
+        torch_version=torch.__version__, date=datetime.date.today().isoformat(), measured_on_hardware=True,
+        tuned_with=f"python -m triton_xpu_attn.tune --ops {','.join(ops)}" + (" --quick" if quick else ""),
+    )
+    result.setdefault("ops", {})
+    result.setdefault("gain_over_heuristic", {})
+    for op_index, op in enumerate(ops, 1):
+        spec = TUNING_SPECS[op]
+        buckets = spec.buckets(quick)
+        op_progress = progress.setdefault(op, {})
+        for b_index, fields in enumerate(buckets, 1):
+            bucket = bucket_key(fields)
+            done = op_progress.setdefault(bucket, {})
+            print(f"[op {op_index}/{len(ops)} {op}] bucket {b_index}/{len(buckets)} {bucket}", flush=True)
+            problems = spec.problems(fields, quick)
+            prepared = [spec.make(p, fields, _device.default_device()) for p in problems]
+            references = [spec.reference(x) for x in prepared]
+
+            def measure(config):
+                cid = _config_id(config) if config is not None else "heuristic"
+                if cid not in done:  # resumable: measured candidates are kept in the progress file
+                    done[cid] = _measure(op, spec, prepared, references, config)
+                    progress_path.write_text(json.dumps(progress, indent=1))
+                return done[cid]
+
+            baseline = measure(None)
+            best, best_time = None, float("inf")
+            for stage, candidates in enumerate((spec.stage1(fields, quick), None), 1):
+                if candidates is None:
+                    base = best or {}
+                    candidates = [{**base, **c} for c in spec.stage2(fields, quick)]
+                for c_index, config in enumerate(candidates, 1):
+                    t = measure(config)
+                    left = len(candidates) - c_index
+                    shown = "failed" if t is None else f"{t:8.1f} us"
+                    print(f"    stage {stage} candidate {c_index}/{len(candidates)} ({left} left) {shown}  {_config_id(config)}", flush=True)
+                    if t is not None and t < best_time:
+                        best, best_time = config, t
+            if best is None:
+                continue
+            result["ops"].setdefault(op, {})[bucket] = best
+            if baseline:
+                result["gain_over_heuristic"].setdefault(op, {})[bucket] = dict(
+                    heuristic_us=round(baseline, 2), tuned_us=round(best_time, 2), speedup=round(baseline / best_time, 3)
+                )
+            path.write_text(json.dumps(result, indent=1, sort_keys=True))
+            del prepared, references
+    path.write_text(json.dumps(result, indent=1, sort_keys=True))
+    clear_cache()
+    return path
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m triton_xpu_attn.tune", description="Tune kernel configs for this device.")
+    parser.add_argument("--ops", default=",".join(TUNING_SPECS), help=f"comma-separated, from {', '.join(TUNING_SPECS)}")
+    parser.add_argument("--quick", action="store_true", help="fewer buckets and candidates")
+    parser.add_argument("--out", default=os.environ.get(CONFIG_DIR_ENV) or str(_SHIPPED_DIRS[1]),
+                        help="config folder (default: $%s, else the checkout's autotune_configs/)" % CONFIG_DIR_ENV)
+    args = parser.parse_args(argv)
+    if _device.backend() == "interpreter":
+        print("The tuner needs a GPU: it refuses to run under the Triton interpreter (timings there are "
+              "meaningless). Run it on an XPU or CUDA machine.", file=sys.stderr)
+        return 2
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = [o for o in ops if o not in TUNING_SPECS]
+    if unknown:
+        parser.error(f"unknown ops {unknown}; choose from {sorted(TUNING_SPECS)}")
+    path = tune(ops, args.quick, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+# ---- paged attention ----
+
+
+def _pa_buckets(quick: bool) -> list[dict]:
+    shapes = [(128, 4), (128, 8), (64, 4)]  # (head dim, group): 32/8/128, 8/1 and 64/8, 32/8/64
+    pages = [1, 16, 64] if quick else [1, 16, 64, 128]
+    works = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
+    out = [dict(d=d, dv=d, g=g, p=p, q="decode", w=w, dtype="bfloat16") for d, g in shapes for p in pages for w in works]
+    if not quick:
+        out += [dict(d=128, dv=128, g=4, p=p, q="prefill", w=w, dtype="bfloat16") for p in (16, 64) for w in (4, 32)]
+    return out
+
+
+def _pa_kv_heads(fields: dict) -> int:
+    return 8 if fields["g"] <= 4 else 1
+
+
+def _pa_problems(fields: dict, quick: bool) -> list[dict]:
+    # a batch whose launch lands in the bucket's work class on this device
+    programs = max(1, fields["w"] * _device.compute_units() // 4)
+    if fields["q"] == "decode":
+        batch = max(1, programs // _pa_kv_heads(fields))
+        return [dict(B=batch, L=8192 if batch <= 64 else 4096, q_len=1)]
+    return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
+
+
+def _pa_make(problem: dict, fields: dict, device):
+    import torch
+
+    B, L, S, P, D, g = problem["B"], problem["L"], problem["q_len"], fields["p"], fields["d"], fields["g"]
+    hkv = _pa_kv_heads(fields)
+    n = -(-L // P)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    table = (torch.randperm(B * n + 1, generator=gen)[: B * n] + 0).view(B, n).to(torch.int32).to(device)
+    dtype = getattr(torch, fields["dtype"])
+    k = torch.randn(B * n + 1, P, hkv, D, device=device, dtype=dtype)
+    v = torch.randn(B * n + 1, P, hkv, D, device=device, dtype=dtype)
+    q = torch.randn(B, S, g * hkv, D, device=device, dtype=dtype)
+    return dict(q=q, k=k, v=v, table=table, seqlens=torch.full((B,), L, device=device, dtype=torch.int32))
+
+
+def _pa_run(x):
+    from ..ops.paged_attention import flash_attn_with_kvcache
+
+    return flash_attn_with_kvcache(x["q"], x["k"], x["v"], cache_seqlens=x["seqlens"], page_table=x["table"], causal=True)
+
+
+def _pa_reference(x):
+    import torch
+
+    from .. import reference
+
+    out, _ = reference.paged_attention(
+        x["q"], x["k"], x["v"], x["seqlens"], x["table"], causal=True, dtype=torch.float32
+    )
+    return out
+
+
+TUNING_SPECS["paged_attention"] = TuningSpec(
+    buckets=_pa_buckets,
+    problems=_pa_problems,
+    make=_pa_make,
+    run=_pa_run,
+    reference=_pa_reference,
+    tolerance=2e-2,
+    stage1=lambda f, quick: [
+        dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+        for bn in (32, 64, 128)
+        for w in ((2, 4, 8) if not quick else (2, 4))
+        for st in ((2, 3) if not quick else (2,))
+        if not (f["d"] > 128 and bn > 64)
+    ],
+    stage2=lambda f, quick: [
+        dict(min_split_tokens=m, waves=w) for m in (128, 256, 512) for w in ((1, 2, 4) if not quick else (2, 4))
+    ],
+)
+
