@@ -12,9 +12,12 @@ package need not be installed there (the repository root is put on ``sys.path``)
 What is compiled:
 * every entry of ``triton_xpu_attn._common.COMPILE_VARIANTS`` (each kernel registers itself with
   ``register_xpu_compile`` where it is defined), for the targets ``pvc`` and ``bmg``;
-* for each ``autotune_configs/xpu/*.json``: the variants registered with ``op=<name>`` for every op
-  the file names, once per distinct set of launch options in the file (``num_warps``,
-  ``num_stages``, ``grf_mode``, ...), for the file's target (from its ``device_name``).
+* for each ``autotune_configs/xpu/*.json``: every op the file names, for the file's target (from its
+  ``device_name``), once per distinct config: the config's launch options (``num_warps``,
+  ``num_stages``, ``grf_mode``, ...) and, for ops listed in ``CONFIG_CONSTEXPRS``, the block sizes
+  the launcher derives from the config and its bucket (tile sizes, head dim, rows per program), on
+  the registered variant (``op=<name>``) that fits the bucket; identical compiles are shared across
+  files of one target. Other ops get the file's launch options on each of their variants.
 
 Checks per compile: SPIR-V is produced and non-empty; every ``tt.dot`` in the TTGIR carries the DPAS
 layout (``#triton_intel_gpu.dpas``) and the number of dots (distinct source locations) equals the
@@ -172,6 +175,7 @@ class Job:
     target: str
     options: dict
     source: str = "registry"  # or the config file's name
+    constexprs: dict = dataclasses.field(default_factory=dict)  # overrides of the variant's constexprs
 
     @property
     def name(self) -> str:
@@ -207,10 +211,71 @@ def jit_function(kernel):
     return k
 
 
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
+    """(variant, constexprs) the paged-attention launcher would compile for a bucket and config:
+    decode buckets (q_len 1) on a decode variant, prefill on the prefill one, fp8 caches on the
+    fp8 variant; KV tile and query rows (heads per block x query tokens) as
+    ``flash_attn_with_kvcache`` derives them."""
+    q, fp8 = fields.get("q", "decode"), str(fields.get("dtype", "")).startswith("float8")
+
+    def fits(v):
+        label = v.label.split("[", 1)[-1]
+        return label.startswith(q) and ("fp8" in label) == fp8
+
+    variant = next((v for v in variants if fits(v)), None) or next(
+        (v for v in variants if v.label.split("[", 1)[-1].startswith(q)), variants[0])
+    out = {}
+    if "BLOCK_N" in cfg:
+        out["BLOCK_N"] = int(cfg["BLOCK_N"])
+    if "g" in fields:
+        heads = min(_pow2(fields["g"]), 64)
+        out["HEADS_PER_BLOCK"] = heads
+        block_q = max(1, int(cfg.get("BLOCK_M", 64)) // heads) if q == "prefill" else 1
+        out["BLOCK_Q"] = max(block_q, 16 // heads)  # tl.dot needs M >= 16
+    return variant, out  # head dims stay the variant's: a config is compiled once, not per bucket
+
+
+def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
+    """(variant, constexprs) for an MLA decode bucket: a variant of the bucket's latent width R with a
+    16-bit cache; BLOCK_H / BLOCK_N / BLOCK_DV as ``flash_mla_decode`` clamps them."""
+    r = fields.get("r")
+    variant = next((v for v in variants if v.constexprs.get("R") == r and "fp8" not in v.label), None) or next(
+        (v for v in variants if v.constexprs.get("R") == r), variants[0])
+    block_r = variant.constexprs["BLOCK_R"]
+    out = {}
+    if "BLOCK_H" in cfg:
+        out["BLOCK_H"] = max(16, int(cfg["BLOCK_H"]))
+    if "BLOCK_N" in cfg:
+        out["BLOCK_N"] = max(16, int(cfg["BLOCK_N"]))
+    if "BLOCK_DV" in cfg:
+        out["BLOCK_DV"] = max(16, min(int(cfg["BLOCK_DV"] or block_r), block_r))
+    return variant, out
+
+
+#: op -> (bucket fields, config, the op's variants) -> (variant to compile, constexpr overrides)
+CONFIG_CONSTEXPRS = {
+    "paged_attention": _paged_attention_constexprs,
+    "mla_decode": _mla_decode_constexprs,
+}
+
+
+def _parse_bucket(text: str) -> dict:
+    out = {}
+    for part in text.split("|"):
+        k, _, v = part.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
+
+
 def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]]:
     """Jobs from autotune_configs/xpu/*.json, and errors found while reading those files."""
     jobs, errors = [], []
     skip = {"debug", "backend_name", "extern_libs", "sanitize_overflow", "generate_native_code"}
+    seen = set()  # (target, variant, options, constexprs): one compile serves every file and bucket
     for path in sorted((REPO / "autotune_configs" / "xpu").glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -226,7 +291,6 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
             if not mine:
                 errors.append(f"{path.name}: op {op!r} has no compile variant registered with op={op!r}")
                 continue
-            seen = []
             for bucket, cfg in (buckets or {}).items():
                 if not isinstance(cfg, dict):
                     errors.append(f"{path.name}: {op}[{bucket}] is not an object")
@@ -234,11 +298,24 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
                 launch = {k: v for k, v in cfg.items() if k in option_names and k not in skip}
                 if launch.get("grf_mode") in ("large", "256"):
                     launch["grf_mode"] = large_grf  # spelled for the installed triton-xpu
-                if not launch or launch in seen:
+                if launch.get("grf_mode") in ("large", "256") and launch.get("num_warps", 0) > 32:
+                    errors.append(f"{path.name}: {op}[{bucket}]: 256 GRF with num_warps > 32 (rejected by the backend)")
                     continue
-                seen.append(launch)
-                for v in mine:
-                    jobs.append(Job(v, target, {**v.options, **launch}, source=f"{path.name}:{bucket}"))
+                pairs = [(v, {}) for v in mine]
+                if op in CONFIG_CONSTEXPRS and bucket != "default":
+                    try:
+                        pairs = [CONFIG_CONSTEXPRS[op](_parse_bucket(bucket), cfg, mine)]
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(f"{path.name}: {op}[{bucket}]: {type(e).__name__}: {e}")
+                        continue
+                for v, consts in pairs:
+                    if not launch and not consts:
+                        continue
+                    key = (target, v.label, tuple(sorted(launch.items())), tuple(sorted(consts.items())))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    jobs.append(Job(v, target, {**v.options, **launch}, source=f"{path.name}:{bucket}", constexprs=consts))
     return jobs, errors
 
 
@@ -249,7 +326,8 @@ def compile_job(job: Job) -> dict:
     # constexpr parameters; constexprs keyed by name (it converts names to (index,) tuples).
     arg_names = list(fn.arg_names)
     signature = {name: v.signature[name] for name in arg_names}
-    constexprs = {name: v.constexprs[name] for name in arg_names if name in v.constexprs}
+    merged = {**v.constexprs, **job.constexprs}
+    constexprs = {name: merged[name] for name in arg_names if name in merged}
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     t0 = time.perf_counter()
     compiled = triton.compile(src, target=gpu_target(job.target), options=dict(job.options))
@@ -302,7 +380,8 @@ def main(argv=None) -> int:
 
     if args.list:
         for j in jobs:
-            print(f"{j.name:<60} {j.target:<4} dots={j.variant.dots} options={j.options}")
+            print(f"{j.name:<60} {j.target:<4} dots={j.variant.dots} options={j.options}"
+                  + (f" constexprs={j.constexprs}" if j.constexprs else ""))
         for e in errors:
             print(f"CONFIG ERROR: {e}")
         return 1 if errors else 0

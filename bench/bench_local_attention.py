@@ -16,20 +16,14 @@ Batches: B in {1, 64, 512} requests holding T query tokens in all (T = B is pure
 64k tokens of mixed prefill), each request with a random context of up to 32k tokens before its
 queries; Llama 4's chunk (8192) and page size 64 by default. Times are medians of
 ``triton.testing.do_bench`` (GPU) or of wall-clock repeats (``--quick`` under the CPU interpreter,
-a smoke test only). Prints a markdown table and writes ``local_attention_<backend>.csv`` to
-``--out`` (default bench/results/).
+a smoke test only). Prints a markdown table and writes ``local_attention.csv`` / ``.md`` / ``.json``
+to ``--out/<device_key>/`` (default bench/results/; quick runs in quick/).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import statistics
 import sys
-import time
-
-import numpy as np
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -38,20 +32,17 @@ from triton_xpu_attn import device as tdevice  # noqa: E402
 from triton_xpu_attn import make_local_attention_virtual_batches, max_local_attention_virtual_batches  # noqa: E402
 from triton_xpu_attn import reference as ref  # noqa: E402
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench import common  # noqa: E402
+
 MAX_CONTEXT = 32768
 
 
 def _time_ms(fn, quick: bool) -> float:
-    if not tdevice.is_interpreter():
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    times = []
-    for _ in range(2 if quick else 5):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    """Median milliseconds: do_bench on a GPU, wall-clock repeats under the interpreter."""
+    return common.bench_ms(fn, warmup=25, rep=100, repeats=2 if quick else 5)
 
 
 def _case(batch: int, tokens: int, chunk: int, page_size: int, max_context: int, rng: np.random.Generator):
@@ -74,7 +65,7 @@ def _same(a, b) -> bool:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
     parser.add_argument("--chunk", type=int, default=None, help="attn_chunk_size (default 8192; 64 with --quick)")
     parser.add_argument("--page-size", type=int, default=None, help="page size (default 64; 16 with --quick)")
     args = parser.parse_args(argv)
@@ -90,6 +81,8 @@ def main(argv=None) -> None:
         max_context = MAX_CONTEXT
     rng = np.random.default_rng(0)
     use_graphs = backend == "cuda"
+    if not args.quick:
+        print(common.header(), flush=True)
     results = []
     for batch, tokens in cases:
         qsl_np, seq_np, table = _case(batch, tokens, chunk, page_size, max_context, rng)
@@ -136,6 +129,8 @@ def main(argv=None) -> None:
                 raise AssertionError(f"CUDA-graph replay mismatch at B={batch} T={tokens}")
             t_cuda_graph = _time_ms(graph.replay, args.quick)
         us = lambda ms: round(ms * 1e3, 1)  # noqa: E731
+        best = t_cuda_graph if use_graphs else t_graph_mode
+        table_out = padded[3]
         results.append(
             dict(
                 B=batch, total_q=tokens, chunk=chunk, page_size=page_size, V=virtual, V_bound=bound,
@@ -143,6 +138,9 @@ def main(argv=None) -> None:
                 graph_mode_us=us(t_graph_mode), cuda_graph_us=us(t_cuda_graph),
                 speedup_eager=round(t_ref / t_eager, 1), speedup_graph_mode=round(t_ref / t_graph_mode, 1),
                 speedup_cuda_graph=round(t_ref / t_cuda_graph, 1) if use_graphs else float("nan"),
+                speedup=round(t_ref / best, 2), time_us=us(best),
+                # block table read + written, and three int32 lengths per virtual batch
+                bytes=2 * table_out.numel() * table_out.element_size() + 12 * bound, flops=0,
             )
         )
 
@@ -153,14 +151,17 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(cols))
     for r in results:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"local_attention_{backend}{'_quick' if args.quick else ''}.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols)
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"\nwrote {path}")
+    common.write_results(
+        "local_attention", results, out=args.out, quick=args.quick,
+        title=f"make_local_attention_virtual_batches (chunk {chunk}, page {page_size})",
+        notes="Median us. Baseline `numpy_ref`: vLLM's numpy algorithm on host arrays plus the H2D copies of the "
+              "lengths. `eager`: device inputs; `numpy_io`: the sglang drop-in call (numpy in and out); `graph_mode`: "
+              "max_virtual_batches given, no host sync; `cuda_graph`: graph_mode replayed from a CUDA graph. "
+              "`speedup` = numpy_ref / our graph-safe time (CUDA graph where available); `bytes` = block table read "
+              "+ written.",
+        headline_kw=dict(speedup="speedup", peer="numpy reference + H2D copies"),
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,7 +8,7 @@ Both are checked against a float32 reference (on the first requests) before they
 
 Prints per case: time, GB/s (latent cache bytes read / time), % of a measured copy roofline,
 TFLOP/s (2 B H L (576 + 512) / time), ours/sglang speedup, and the geometric mean; writes
-CSV + markdown to --out (default bench/results/).
+CSV + markdown + JSON to --out/<device_key>/ (default bench/results/; quick runs in quick/).
 
 usage:
   python bench/bench_mla_decode.py [--quick] [--out DIR] [--peers DIR] [--sweep]
@@ -23,17 +23,9 @@ best, to seed autotune_configs/.
 from __future__ import annotations
 
 import argparse
-import csv
-import glob
-import importlib.util
 import math
-import os
 import pathlib
 import sys
-import time
-import zipfile
-
-import torch
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -41,6 +33,11 @@ sys.path.insert(0, str(REPO))
 import triton_xpu_attn as ours  # noqa: E402  (selects the interpreter on a machine without a GPU)
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench import common  # noqa: E402
+from bench.common import load_sglang  # noqa: E402,F401
 
 GRID_B = [1, 16, 64, 128]
 GRID_H = [16, 128]
@@ -62,63 +59,19 @@ SWEEP_CONFIGS = [
 ]
 
 
-def load_sglang(peers: str | None):
-    if not peers:
-        return None
-    peers = os.path.abspath(peers)
-    root = os.path.join(peers, "unpacked")
-    if not os.path.isdir(os.path.join(root, "sglang")):
-        wheels = sorted(glob.glob(os.path.join(peers, "sglang-*.whl")))
-        if not wheels:
-            raise SystemExit(f"--peers {peers}: no unpacked/ folder and no sglang-*.whl to extract")
-        zipfile.ZipFile(wheels[-1]).extractall(root)
-    spec = importlib.util.spec_from_file_location("sgl_loader", os.path.join(peers, "sgl_loader.py"))
-    loader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loader)
-    return loader.load(root)
-
-
 def bench_ms(fn, device_type):
-    """Median milliseconds of eager calls."""
-    if device_type == "cpu":
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    """Median milliseconds of eager calls (one wall-clock call under the interpreter)."""
+    return common.bench_ms(fn, warmup=25, rep=200, repeats=1)
 
 
 def graph_ms(fn, device_type):
-    """Median milliseconds of ``fn`` captured in a CUDA graph and replayed (how serving engines run
+    """Median milliseconds of ``fn`` captured in a device graph and replayed (how serving engines run
     decode: no launch or Python overhead); NaN where graphs are unavailable or capture fails."""
-    if device_type != "cuda":
-        return float("nan")
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return bench_ms(graph.replay, device_type)
-    except Exception as exc:  # noqa: BLE001
-        print(f"graph capture failed: {exc!r}"[:160])
-        return float("nan")
+    return common.graph_ms(fn, warmup=25, rep=200)
 
 
 def copy_bandwidth(dev):
-    if dev.type == "cpu":
-        return float("nan")
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    y = torch.empty_like(x)
-    gbs = 2 * x.numel() / bench_ms(lambda: y.copy_(x), dev.type) / 1e6
-    del x, y
-    return gbs
+    return common.copy_bandwidth() if dev.type != "cpu" else float("nan")
 
 
 def make_case(B, H, L, page, dev, dtype):
@@ -141,7 +94,7 @@ def reference(q, kv4, slots, scale, rows=4):
 
 
 def rel_err(out, ref):
-    return ((out[: ref.shape[0]].float() - ref).norm() / ref.norm()).item()
+    return common.rel_err(out[: ref.shape[0]], ref)
 
 
 def run_case(sgl, B, H, L, page, dev, dtype, bw, sweep):
@@ -216,6 +169,8 @@ def run_case(sgl, B, H, L, page, dev, dtype, bw, sweep):
         record("sglang", sgl_fn, lambda: o)
     if "ours_us" in row and "sglang_us" in row:
         row["speedup"] = row["sglang_us"] / row["ours_us"]
+    if "ours_us" in row:
+        row.update(time_us=row["ours_us"], bytes=byts, flops=flops)
     return row
 
 
@@ -239,7 +194,7 @@ def fmt_row(row):
 
 
 def geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    return common.geomean(xs)
 
 
 def main(argv=None):
@@ -265,17 +220,13 @@ def main(argv=None):
         else:
             grid = [(B, H, L, P) for H in GRID_H for B in GRID_B for L in GRID_L for P in GRID_P]
     bw = copy_bandwidth(dev)
-    import triton
-
-    header = (f"device {_device.device_name()} ({_device.compute_units()} compute units) torch {torch.__version__} "
-              f"triton {triton.__version__} copy roofline {bw:.0f} GB/s")
-    print(header, flush=True)
+    print(common.header(), flush=True)
     rows = []
     for B, H, L, P in grid:
         row = run_case(sgl, B, H, L, P, dev, dtype, bw, args.sweep)
         rows.append(row)
         print(fmt_row(row), flush=True)
-        torch.cuda.empty_cache() if dev.type == "cuda" else None
+        common.free_memory()
 
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     summary = []
@@ -291,38 +242,29 @@ def main(argv=None):
     for line in summary:
         print(line)
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"mla_decode_{_device.device_key()}" + ("_quick" if args.quick or dev.type == "cpu" else "")
-    keys = []
+    def cell(r, k, spec):
+        return format(r[k], spec) if k in r else ("ERR" if k.split("_")[0] + "_error" in r else "-")
+
+    table = ("| B | H | L | P | ours us (eager) | ours GB/s | ours % roof | ours TF/s | splits | sglang us (eager) | sglang GB/s "
+             "| sglang % roof | sglang TF/s | speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    with open(out / f"{stem}.md", "w") as f:
-        f.write(f"# MLA decode, bf16, R {R} + Dr {DR}\n\n{header}\n\n")
-        f.write("Ours: automatic KV splits. sglang: Triton `decode_attention_fwd(has_mla=True)`, 8 static splits. "
-                "Times are CUDA-graph replays (eager calls in brackets); GB/s = latent cache bytes / time; "
-                "% of the measured copy roofline; TFLOP/s = 2 B H L (2 R + Dr) / time; speedup = sglang time / ours.\n\n")
-        f.write("| B | H | L | P | ours us (eager) | ours GB/s | ours % roof | ours TF/s | splits | sglang us (eager) | sglang GB/s | sglang % roof | sglang TF/s | speedup |\n")
-        f.write("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-
-        def cell(r, k, spec):
-            return format(r[k], spec) if k in r else ("ERR" if k.split("_")[0] + "_error" in r else "-")
-
-        for r in rows:
-            f.write(f"| {r['B']} | {r['H']} | {r['L']} | {r['page']} | {cell(r, 'ours_us', '.1f')} ({cell(r, 'ours_eager_us', '.1f')}) | {cell(r, 'ours_gbs', '.0f')} | "
-                    f"{cell(r, 'ours_pct', '.0f')} | {cell(r, 'ours_tflops', '.1f')} | {r.get('ours_splits', '-')} | "
-                    f"{cell(r, 'sglang_us', '.1f')} ({cell(r, 'sglang_eager_us', '.1f')}) | {cell(r, 'sglang_gbs', '.0f')} | {cell(r, 'sglang_pct', '.0f')} | "
-                    f"{cell(r, 'sglang_tflops', '.1f')} | {cell(r, 'speedup', '.2f')} |\n")
-        f.write("\n" + "\n".join(f"- {s}" for s in summary) + "\n")
-        errors = [fmt_row(r) for r in rows if any(k.endswith("_error") for k in r)]
-        if errors:
-            f.write("\nErrors:\n\n" + "\n".join(f"- {e}" for e in errors) + "\n")
-    print(f"wrote {out / stem}.csv and .md")
+        table += (f"| {r['B']} | {r['H']} | {r['L']} | {r['page']} | {cell(r, 'ours_us', '.1f')} ({cell(r, 'ours_eager_us', '.1f')}) | "
+                  f"{cell(r, 'ours_gbs', '.0f')} | {cell(r, 'ours_pct', '.0f')} | {cell(r, 'ours_tflops', '.1f')} | "
+                  f"{r.get('ours_splits', '-')} | {cell(r, 'sglang_us', '.1f')} ({cell(r, 'sglang_eager_us', '.1f')}) | "
+                  f"{cell(r, 'sglang_gbs', '.0f')} | {cell(r, 'sglang_pct', '.0f')} | {cell(r, 'sglang_tflops', '.1f')} | "
+                  f"{cell(r, 'speedup', '.2f')} |\n")
+    errors = [fmt_row(r) for r in rows if any(k.endswith("_error") for k in r)]
+    if errors:
+        table += "\nErrors:\n\n" + "\n".join(f"- {e}" for e in errors) + "\n"
+    common.write_results(
+        "mla_decode", rows, out=args.out, quick=args.quick or dev.type == "cpu", title=f"MLA decode, {str(dtype)[6:]}, R {R} + Dr {DR}",
+        notes="Ours: automatic KV splits. sglang: Triton `decode_attention_fwd(has_mla=True)`, 8 static splits. "
+              "Times are CUDA-graph replays (eager calls in brackets); GB/s = latent cache bytes / time; "
+              "% of the measured copy roofline; TFLOP/s = 2 B H L (2 R + Dr) / time; speedup = sglang time / ours.",
+        summary=summary, table=table, headline_kw=dict(speedup="speedup", peer="sglang Triton MLA decode"),
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

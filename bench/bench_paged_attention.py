@@ -14,8 +14,6 @@ sglang wheel under ``DIR/unpacked`` (see ../shared/peers/README.md). GB/s count 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
 import os
 import sys
@@ -24,65 +22,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton_xpu_attn as ours  # noqa: E402  (first: on a CPU it must select the interpreter before triton loads)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+
+from bench import common  # noqa: E402
+from bench.common import bench_both, copy_bandwidth, load_sglang, rel_err  # noqa: E402,F401
 
 GRID_SHAPES = [(32, 8, 128), (8, 1, 128), (64, 8, 128), (32, 8, 64)]  # (Hq, Hkv, D)
 GRID_B = [1, 16, 64, 128]
 GRID_L = [1024, 8192, 32768]
 GRID_P = [1, 16, 64]
-
-
-def bench(fn) -> float:
-    """Median milliseconds."""
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph; returns a replay callable. Decode in serving engines runs
-    from graphs, so this is the launch-overhead-free time every peer is also given."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def bench_both(fn) -> tuple[float, float]:
-    """(eager, graph-replayed) median microseconds."""
-    eager = bench(fn) * 1e3
-    try:
-        replay = bench(graphed(fn)) * 1e3
-    except Exception as exc:  # a peer that cannot be captured keeps its eager time only
-        print(f"graph capture failed: {exc!r}"[:160])
-        replay = float("nan")
-    return eager, replay
-
-
-def copy_bandwidth(device) -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    gbs = 2 * x.numel() / bench(lambda: y.copy_(x)) / 1e6
-    del x, y
-    return gbs
-
-
-def rel_err(out, ref) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-def load_sglang(peers):
-    if not peers:
-        return None
-    sys.path.insert(0, os.path.abspath(peers))
-    import sgl_loader  # noqa: E402
-
-    return sgl_loader.load(os.path.join(peers, "unpacked"))
 
 
 def make_case(B, Hq, Hkv, D, L, P, device, dtype=torch.bfloat16):
@@ -154,28 +101,42 @@ def run_flex(case, B, L, P):
     return lambda: flex(q4, kc, vc, block_mask=pbm, score_mod=smod, enable_gqa=True)[:, :, 0]
 
 
+def timed(row, peer):
+    """The time a peer's rates use: graph replay where there is one, else eager."""
+    t = row.get(f"{peer}_us", float("nan"))
+    return t if common.finite(t) else row.get(f"{peer}_eager_us", float("nan"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few cases only")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
     ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and unpacked/ (sglang wheel)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape: slow)")
     ap.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose KV cache exceeds this")
     args = ap.parse_args(argv)
     device = ours.device.default_device()
     if device.type == "cpu":
-        # interpreter smoke run: one tiny case, no peers
-        case = make_case(1, 4, 1, 64, 64, 16, device, dtype=torch.float16)
-        out = run_ours(case, 0.125)()
-        print(f"interpreter smoke run ok: out {tuple(out.shape)}")
+        # interpreter smoke run: one tiny case, no peers, a wall-clock time
+        B, Hq, Hkv, D, L, P = 1, 4, 1, 64, 64, 16
+        case = make_case(B, Hq, Hkv, D, L, P, device, dtype=torch.float16)
+        f = run_ours(case, 0.125)
+        out = f()
+        K, V, _ = dense_kv(case, B, L, P)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            case["q"][:, :, None].float(), K.float(), V.float(), enable_gqa=True, scale=0.125)[:, :, 0]
+        us = common.bench_ms(f, repeats=1) * 1e3
+        byts = 2 * B * L * Hkv * D * 2
+        row = dict(Hq=Hq, Hkv=Hkv, D=D, B=B, L=L, P=P, kv_bytes=byts, ours_err=rel_err(out.view(B, Hq, D), ref),
+                   ours_eager_us=us, ours_us=float("nan"), time_us=us, bytes=byts, flops=4 * B * Hq * L * D)
+        print(f"interpreter smoke run ok: out {tuple(out.shape)}, err {row['ours_err']:.1e}")
+        common.write_results("paged_attention", [row], out=args.out, quick=True, title="paged attention decode (interpreter smoke run)",
+                             notes="Triton interpreter on the CPU: a smoke test, the time means nothing.")
         return 0
     torch.manual_seed(0)
     sgl = load_sglang(args.peers)
-    bw = copy_bandwidth(device)
-    info = ours.device.describe()
-    header = (f"device {info['device']} | torch {torch.__version__} | triton {triton.__version__} | "
-              f"copy roofline {bw:.0f} GB/s | {datetime.date.today().isoformat()}")
-    print(header, flush=True)
+    bw = copy_bandwidth()
+    print(common.header(), flush=True)
     shapes, Bs, Ls, Ps = GRID_SHAPES, GRID_B, GRID_L, GRID_P
     if args.quick:
         shapes, Bs, Ls, Ps = shapes[:1], [1, 16], [8192], [16]
@@ -215,15 +176,16 @@ def main(argv=None):
                             print(f"flex failed: {exc!r}"[:200])
                     for peer in ("ours", "sglang", "sdpa_dense", "flex"):
                         if f"{peer}_us" in row:
-                            gbs = byts / row[f"{peer}_us"] / 1e3
+                            gbs = byts / timed(row, peer) / 1e3
                             row[f"{peer}_GBs"] = gbs
                             row[f"{peer}_pct"] = 100 * gbs / bw
                     if "sglang_us" in row:
-                        row["speedup_vs_sglang"] = row["sglang_us"] / row["ours_us"]
-                    row["q4_over_decode"] = row["ours_q4_us"] / row["ours_us"]
+                        row["speedup_vs_sglang"] = timed(row, "sglang") / timed(row, "ours")
+                    row["q4_over_decode"] = timed(row, "ours_q4") / timed(row, "ours")
+                    row.update(time_us=timed(row, "ours"), bytes=byts, flops=4 * B * Hq * L * D)
                     rows.append(row)
                     print(
-                        f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: ours {row['ours_us']:.1f}us "
+                        f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: ours {row['time_us']:.1f}us "
                         f"{row['ours_pct']:.0f}% err {row['ours_err']:.1e} | q4 x{row['q4_over_decode']:.2f} | "
                         + (f"sglang {row['sglang_pct']:.0f}% x{row['speedup_vs_sglang']:.2f} | " if sgl else "")
                         + f"sdpa {row['sdpa_dense_pct']:.0f}%"
@@ -231,30 +193,21 @@ def main(argv=None):
                         flush=True,
                     )
                     del case
-                    torch.cuda.empty_cache() if device.type == "cuda" else None
+                    common.free_memory()
     ratios = [r["speedup_vs_sglang"] for r in rows if "speedup_vs_sglang" in r]
-    summary = ""
+    summary = []
     if ratios:
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        summary = f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"
-        print(summary)
-    write_results(args.out, info["device_key"], "paged_attention", header, summary, rows)
+        summary.append(f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases")
+        print(summary[-1])
+    common.write_results(
+        "paged_attention", rows, out=args.out, quick=args.quick, title="paged attention decode (bf16)",
+        notes="Times: CUDA-graph replays (`*_us`), eager calls (`*_eager_us`). GB/s count the KV bytes read (K and V "
+              "once); `*_pct` is % of the measured copy roofline. `ours_q4`: 4 query tokens per request (drafts). "
+              "`speedup_vs_sglang` = sglang time / ours. `flops` = 4 B Hq L D.",
+        summary=summary, headline_kw=dict(speedup="speedup_vs_sglang", peer="sglang Triton decode"),
+    )
     return 0
-
-
-def write_results(out_dir, device_key, name, header, summary, rows):
-    folder = os.path.join(out_dir, device_key)
-    os.makedirs(folder, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(os.path.join(folder, f"{name}.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    with open(os.path.join(folder, f"{name}.md"), "w") as f:
-        f.write(f"# {name}\n\n{header}\n\ncommand: `python {' '.join(sys.argv)}`\n\n{summary}\n\n")
-        f.write("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n")
-        for r in rows:
-            f.write("| " + " | ".join(f"{r.get(k, ''):.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys) + " |\n")
 
 
 if __name__ == "__main__":

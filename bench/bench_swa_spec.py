@@ -9,41 +9,33 @@ Times are medians of ``triton.testing.do_bench`` (on a GPU) or of wall-clock rep
 under the CPU interpreter, a smoke test only). The reference (``triton_xpu_attn.reference``) runs
 on the same device and allocates its result; the kernel writes in place.
 ``GB/s`` counts the kernel's useful traffic: produced slots written + read (+ 8 B of mapping each).
-Prints a markdown table and writes ``swa_spec_<backend>.csv`` to ``--out`` (default bench/results/).
+Prints a markdown table and writes ``swa_spec.csv`` / ``.md`` / ``.json`` to ``--out/<device_key>/``
+(default bench/results/; quick runs in quick/).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import statistics
 import sys
-import time
-
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import triton_xpu_attn  # noqa: E402  (selects the interpreter on a CPU-only machine)
+import triton_xpu_attn  # noqa: E402,F401  (selects the interpreter on a CPU-only machine)
 from triton_xpu_attn import device as tdevice  # noqa: E402
 from triton_xpu_attn import prepare_swa_spec_page_table  # noqa: E402
 from triton_xpu_attn import reference as ref  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench import common  # noqa: E402
 
 NDT = 8
 FULL_POOL = 1 << 22  # full-pool slots; the mapping has FULL_POOL + 1 entries
 
 
 def _time_ms(fn, quick: bool) -> float:
-    if not tdevice.is_interpreter():
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    times = []
-    for _ in range(2 if quick else 5):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    """Median milliseconds: do_bench on a GPU, wall-clock repeats under the interpreter."""
+    return common.bench_ms(fn, warmup=25, rep=100, repeats=2 if quick else 5)
 
 
 def _case(rows: int, len_a: int, mapped: bool, device, gen):
@@ -64,7 +56,7 @@ def _case(rows: int, len_a: int, mapped: bool, device, gen):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
     args = parser.parse_args(argv)
 
     device = tdevice.default_device()
@@ -92,6 +84,7 @@ def main(argv=None) -> None:
                         rows=rows, ndt=NDT, len_a=len_a, dst_width=len_a + NDT, mapped=mapped,
                         triton_us=round(t_kernel * 1e3, 2), torch_us=round(t_ref * 1e3, 2),
                         speedup=round(t_ref / t_kernel, 2), triton_gbps=round(nbytes / (t_kernel * 1e-3) / 1e9, 1),
+                        time_us=round(t_kernel * 1e3, 2), bytes=nbytes, flops=0,
                     )
                 )
                 del dst, a, b, la, lb, mapping, expected
@@ -104,14 +97,13 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(cols))
     for r in results:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"swa_spec_{backend}{'_quick' if args.quick else ''}.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols)
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"\nwrote {path}")
+    common.write_results(
+        "swa_spec", results, out=args.out, quick=args.quick, title="prepare_swa_spec_page_table",
+        notes="Median us; `torch` = the torch-indexing reference on the same device (allocates its result; the kernel "
+              "writes in place). GB/s count produced slots written + read (+ 8 B of mapping each).",
+        headline_kw=dict(speedup="speedup", peer="torch-indexing reference"),
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -414,3 +414,72 @@ TUNING_SPECS["paged_attention"] = TuningSpec(
     ],
 )
 
+
+
+# ---- MLA decode ----
+
+
+def _mla_buckets(quick: bool) -> list[dict]:
+    rows = [16, 128] if quick else [16, 32, 64, 128]
+    works = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
+    return [dict(rows=r, r=512, w=w, dtype="bfloat16") for r in rows for w in works]
+
+
+def _mla_problems(fields: dict, quick: bool) -> list[dict]:
+    programs = max(1, fields["w"] * _device.compute_units() // 4)
+    batch = max(1, programs // -(-fields["rows"] // 16))
+    return [dict(B=batch, H=fields["rows"], L=4096 if batch <= 64 else 2048, P=64)]
+
+
+def _mla_make(problem: dict, fields: dict, device):
+    import torch
+
+    B, H, L, P = problem["B"], problem["H"], problem["L"], problem["P"]
+    n = -(-L // P)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    table = torch.randperm(B * n + 1, generator=gen)[: B * n].view(B, n).to(torch.int32).to(device)
+    dtype = getattr(torch, fields["dtype"])
+    cache = torch.randn(B * n + 1, P, 576, device=device, dtype=dtype)
+    q = torch.randn(B, H, 576, device=device, dtype=dtype)
+    seqlens = torch.full((B,), L, device=device, dtype=torch.int32)
+    from ..ops.mla_decode import flash_mla_get_workspace_size
+
+    workspace = torch.empty(flash_mla_get_workspace_size(L, B, H, P, -1), dtype=torch.uint8, device=device)
+    return dict(q=q, cache=cache, table=table, seqlens=seqlens, workspace=workspace)
+
+
+def _mla_run(x):
+    from ..ops.mla_decode import flash_mla_decode
+
+    return flash_mla_decode(
+        x["q"][..., :512], x["q"][..., 512:], x["cache"], x["seqlens"], x["table"], x["workspace"], 192**-0.5,
+        num_kv_splits=-1,
+    )
+
+
+def _mla_reference(x):
+    import torch
+
+    from .. import reference
+
+    return reference.mla_decode(
+        x["q"][..., :512], x["q"][..., 512:], x["cache"], x["seqlens"], x["table"], 192**-0.5, dtype=torch.float32
+    )[0]
+
+
+TUNING_SPECS["mla_decode"] = TuningSpec(
+    buckets=_mla_buckets,
+    problems=_mla_problems,
+    make=_mla_make,
+    run=_mla_run,
+    reference=_mla_reference,
+    tolerance=2e-2,
+    stage1=lambda f, quick: [
+        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
+        for bh in (16, 32, 64)
+        if bh <= max(16, f["rows"])
+        for bn in (32, 64)
+        for w in ((4, 8) if bh >= 32 else (4,))
+    ],
+    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)],
+)

@@ -1,0 +1,314 @@
+"""What every benchmark script shares: timing (``do_bench`` medians, CUDA-graph replays, a
+wall-clock fallback under the CPU interpreter), the device's measured ceilings (copy bandwidth and
+bf16 matmul throughput), the header line, the sglang peer loader and the results writer.
+
+Results of an op go to ``<out>/<device_key>/<op>.csv`` + ``<op>.md`` + ``<op>.json`` (``--quick``
+runs: ``<out>/<device_key>/quick/``). The JSON holds the run's metadata (device, versions, the
+measured ceilings, the command) and the op's headline numbers; ``python -m bench`` reads it to
+write ``summary.md`` and ``roofline.png``. Rows carry three standard columns for the roofline,
+all for our kernel: ``time_us`` (the headline time: CUDA-graph replay where there is one),
+``bytes`` (bytes the op must move) and ``flops`` (0 for ops without arithmetic).
+
+Import order: this module imports ``triton_xpu_attn`` before torch and triton.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import functools
+import glob
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import time
+import zipfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import triton_xpu_attn  # noqa: E402,F401  (first: on a CPU it selects the interpreter before triton loads)
+from triton_xpu_attn import device as _device  # noqa: E402
+
+import torch  # noqa: E402
+
+RESULTS_DIR = REPO / "bench" / "results"
+#: the roofline columns every op's rows carry (for our kernel)
+ROOFLINE_COLUMNS = ("time_us", "bytes", "flops")
+
+
+# ------------------------------------------------------------------------------------------
+# timing
+# ------------------------------------------------------------------------------------------
+
+
+def on_gpu() -> bool:
+    """True when kernels run compiled on a GPU (timings mean something)."""
+    return _device.backend() in ("cuda", "xpu")
+
+
+def synchronize() -> None:
+    backend = _device.backend()
+    if backend == "cuda":
+        torch.cuda.synchronize()
+    elif backend == "xpu":
+        torch.xpu.synchronize()
+
+
+def bench_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 3) -> float:
+    """Median milliseconds of ``fn``: ``triton.testing.do_bench`` (``warmup``/``rep`` in ms) on a
+    GPU; under the interpreter one warm call then the median of ``repeats`` wall-clock calls
+    (a smoke test, not a measurement)."""
+    if on_gpu():
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def capture_graph(fn, warm: int = 2):
+    """``fn`` captured in a device graph (CUDA graph; XPU graph where torch has one); returns the
+    replay callable, or None where graphs are unavailable. Decode in serving engines runs from
+    graphs, so this is the launch-overhead-free time every peer is given alike."""
+    backend = _device.backend()
+    if backend == "cuda":
+        mod, graph_cls, ctx = torch.cuda, torch.cuda.CUDAGraph, torch.cuda.graph
+    elif backend == "xpu" and hasattr(torch.xpu, "XPUGraph") and hasattr(torch.xpu, "graph"):
+        mod, graph_cls, ctx = torch.xpu, torch.xpu.XPUGraph, torch.xpu.graph
+    else:
+        return None
+    stream = mod.Stream()
+    stream.wait_stream(mod.current_stream())
+    with mod.stream(stream):
+        for _ in range(warm):
+            fn()
+    mod.current_stream().wait_stream(stream)
+    graph = graph_cls()
+    with ctx(graph):
+        fn()
+    return graph.replay
+
+
+def graph_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn`` replayed from a device graph; NaN where graphs are
+    unavailable or capture fails."""
+    try:
+        replay = capture_graph(fn)
+    except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured keeps its eager time)
+        print(f"graph capture failed: {exc!r}"[:160])
+        return float("nan")
+    if replay is None:
+        return float("nan")
+    return bench_ms(replay, warmup=warmup, rep=rep)
+
+
+def bench_both(fn, warmup: int = 25, rep: int = 100) -> tuple[float, float]:
+    """(eager, graph-replayed) median microseconds; the second is NaN without graphs."""
+    eager = bench_ms(fn, warmup=warmup, rep=rep) * 1e3
+    return eager, graph_ms(fn, warmup=warmup, rep=rep) * 1e3
+
+
+# ------------------------------------------------------------------------------------------
+# the device's ceilings
+# ------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def copy_bandwidth(device=None) -> float:
+    """Measured device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on a GPU;
+    a 64 MiB host copy under the interpreter. Measured once per process."""
+    device = torch.device(device) if device is not None else _device.default_device()
+    n = (1 << 30) if on_gpu() else (64 << 20)
+    x = torch.empty(n, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    gbs = 2 * n / bench_ms(lambda: y.copy_(x)) / 1e6
+    del x, y
+    return gbs
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_tflops(device=None) -> float:
+    """Measured dense matrix throughput in TFLOP/s: an 8192^3 bf16 ``torch.matmul`` on a GPU;
+    a 512^3 fp32 one under the interpreter. Measured once per process."""
+    device = torch.device(device) if device is not None else _device.default_device()
+    n, dtype = (8192, torch.bfloat16) if on_gpu() else (512, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    ms = bench_ms(lambda: torch.matmul(a, b, out=c))
+    del a, b, c
+    return 2 * n**3 / ms / 1e9
+
+
+def device_peaks() -> tuple[float, float]:
+    """(copy GB/s, matmul TFLOP/s), both measured once per process."""
+    return copy_bandwidth(), matmul_tflops()
+
+
+def describe() -> dict:
+    info = _device.describe()
+    bw, tf = device_peaks()
+    info.update(copy_gbs=round(bw, 1), matmul_tflops=round(tf, 1), date=datetime.date.today().isoformat())
+    return info
+
+
+def header(info: dict | None = None) -> str:
+    """One line: device, compute units, torch, triton, measured ceilings, date."""
+    info = info or describe()
+    return (f"device {info['device']} ({info['compute_units']} compute units, {info['backend']}) | torch {info['torch']} | "
+            f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | bf16 matmul {info['matmul_tflops']:.0f} "
+            f"TFLOP/s | {info['date']}")
+
+
+def free_memory() -> None:
+    backend = _device.backend()
+    if backend == "cuda":
+        torch.cuda.empty_cache()
+    elif backend == "xpu":
+        torch.xpu.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------
+# peers
+# ------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def load_sglang(peers: str | None):
+    """sglang's pure-Triton decode attention module, loaded by ``DIR/sgl_loader.py`` from the
+    wheel unpacked under ``DIR/unpacked`` (extracted from ``DIR/sglang-*.whl`` when missing);
+    None without ``peers``. See ../shared/peers/README.md."""
+    if not peers:
+        return None
+    peers = os.path.abspath(peers)
+    root = os.path.join(peers, "unpacked")
+    if not os.path.isdir(os.path.join(root, "sglang")):
+        wheels = sorted(glob.glob(os.path.join(peers, "sglang-*.whl")))
+        if not wheels:
+            raise SystemExit(f"--peers {peers}: no unpacked/ folder and no sglang-*.whl to extract")
+        zipfile.ZipFile(wheels[-1]).extractall(root)
+    spec = importlib.util.spec_from_file_location("sgl_loader", os.path.join(peers, "sgl_loader.py"))
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    return loader.load(root)
+
+
+# ------------------------------------------------------------------------------------------
+# numbers
+# ------------------------------------------------------------------------------------------
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if finite(x) and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def headline(rows: list[dict], bw: float, tf: float, *, speedup: str | None = None, peer: str | None = None,
+             note: str = "") -> dict:
+    """The op's headline numbers from its rows' roofline columns (and a speedup column):
+    % of the copy roofline (best, median), achieved GB/s and TFLOP/s (best), speedup vs the peer."""
+    out: dict = dict(cases=len(rows), peer=peer, note=note)
+    gbs = [r["bytes"] / r["time_us"] / 1e3 for r in rows
+           if finite(r.get("bytes")) and r["bytes"] > 0 and finite(r.get("time_us")) and r["time_us"] > 0]
+    tfs = [r["flops"] / r["time_us"] / 1e6 for r in rows
+           if finite(r.get("flops")) and r["flops"] > 0 and finite(r.get("time_us")) and r["time_us"] > 0]
+    if gbs:
+        out.update(best_gbs=max(gbs), best_pct_copy=100 * max(gbs) / bw if finite(bw) else None,
+                   median_pct_copy=100 * statistics.median(gbs) / bw if finite(bw) else None)
+    if tfs:
+        out.update(best_tflops=max(tfs), best_pct_matmul=100 * max(tfs) / tf if finite(tf) else None)
+    if speedup:
+        ratios = [r[speedup] for r in rows if finite(r.get(speedup)) and r[speedup] > 0]
+        if ratios:
+            out.update(speedup_geomean=geomean(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
+                       speedup_cases=len(ratios))
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------------
+# results
+# ------------------------------------------------------------------------------------------
+
+
+#: the command recorded in results; the suite sets it (its own argv), scripts derive it from sys.argv
+COMMAND: str | None = None
+
+
+def command_line() -> str:
+    if COMMAND:
+        return COMMAND
+    argv = list(sys.argv) or [""]
+    try:
+        argv[0] = os.path.relpath(argv[0], REPO) if argv[0] else argv[0]
+    except ValueError:  # another drive (Windows)
+        pass
+    return "python " + " ".join(argv)
+
+
+def results_dir(out: str | os.PathLike | None, quick: bool = False, device_key: str | None = None) -> pathlib.Path:
+    """``<out>/<device_key>`` (``/quick`` for quick runs), created."""
+    folder = pathlib.Path(out or RESULTS_DIR) / (device_key or _device.device_key())
+    if quick:
+        folder = folder / "quick"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "-" if not math.isfinite(v) else f"{v:.3g}"
+    return "" if v is None else str(v)
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    keys = columns or list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(op: str, rows: list[dict], *, out=None, quick: bool = False, title: str | None = None,
+                  notes: str = "", summary: list[str] | None = None, table: str | None = None,
+                  headline_kw: dict | None = None) -> pathlib.Path:
+    """Write ``<op>.csv`` (every column), ``<op>.md`` (header, command, notes, ``table`` or all
+    columns, summary lines) and ``<op>.json`` (metadata + headline) into :func:`results_dir`.
+    Returns the folder."""
+    folder = results_dir(out, quick)
+    info = describe()
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(folder / f"{op}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    command = command_line()
+    summary = summary or []
+    with open(folder / f"{op}.md", "w") as f:
+        f.write(f"# {title or op}\n\n{header(info)}\n\ncommand: `{command}`\n\n")
+        if notes:
+            f.write(notes.strip() + "\n\n")
+        f.write(table if table is not None else markdown_table(rows))
+        if summary:
+            f.write("\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+    meta = dict(op=op, title=title or op, quick=quick, command=command, summary=summary, **info,
+                headline=headline(rows, info["copy_gbs"], info["matmul_tflops"], **(headline_kw or {})))
+    (folder / f"{op}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    print(f"wrote {folder}/{op}.csv, .md, .json")
+    return folder

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Write the shipped Intel XPU config files ``autotune_configs/xpu/<device_key>.json``.
+
+No Intel GPU was available, so these files are *seeded*, not measured: every entry follows a rule
+taken from Intel's own tuning of attention kernels (see ``SOURCE`` below and
+shared/notes/perf_anchors.md sections 1.4, 3 and 5), and each file says ``measured_on_hardware:
+false``. ``.ci/xpu_compile_check.py`` compiles every distinct config of these files for the file's
+target (pvc or bmg). Running the tuner on the device (``python -m triton_xpu_attn.tune``) replaces
+them with measured files.
+
+    python tools/seed_xpu_configs.py [--out autotune_configs]
+
+Bucket keys are built exactly as the launchers build them (``tune.bucket_key``):
+paged attention ``d, dv, g, p, q, w, dtype``; MLA decode ``rows, r, w, dtype``. The rules do not
+depend on the work bucket ``w`` or (below 32 rows) the group size, so each file holds one ``w``
+and two ``g`` values; ``tune.lookup``'s nearest-bucket fallback then serves every other value
+(it compares numeric fields on a log scale and requires the text fields, ``q`` and ``dtype``, to
+match, which is why every cache dtype is listed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from triton_xpu_attn.device import normalize_device_key  # noqa: E402
+from triton_xpu_attn.tune import bucket_key  # noqa: E402
+
+# device name (torch.xpu.get_device_name()) -> compile target, Xe-cores per torch device, peaks
+# per torch device (perf_anchors 3.1: Intel benchmarks/gpu_info.json, vllm-xpu-kernels presets;
+# a Max 1550 torch device is one stack: half the card's 3276.8 GB/s)
+DEVICES = {
+    "Intel(R) Data Center GPU Max 1550": dict(target="pvc", xe_cores=64, bf16_tflops=419.43, memory_gbs=1638.4),
+    "Intel(R) Data Center GPU Max 1100": dict(target="pvc", xe_cores=56, bf16_tflops=355.53, memory_gbs=1228.8),
+    "Intel(R) Arc(TM) B580 Graphics": dict(target="bmg", xe_cores=20, bf16_tflops=116.74, memory_gbs=456.0),
+    "Intel(R) Arc(TM) Pro B60 Graphics": dict(target="bmg", xe_cores=20, bf16_tflops=98.0, memory_gbs=456.0),
+}
+
+SUB_GROUP_SIZE = 16  # DPAS lowers only at 16 lanes; the backend forces it for kernels whose dots all qualify
+LARGE_GRF = "256"  # spelled for triton-xpu >= 3.6; tune.launch_options respells it 'large' for older Triton
+KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+Q_DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 128, 256)
+PAGE_SIZES = (1, 16, 32, 64)  # 128 and 256 fall back to 64 (same rule: 64-token tiles)
+GROUPS = (8, 64)  # decode rows per tile: <= 16 (g <= 16) or 32-64 (g >= 32)
+WORK = 4  # the rules do not depend on the work bucket
+
+SOURCE = (
+    "Seeded by hand from Intel's tuning of attention kernels for PVC and BMG; NOT measured on this device. "
+    "Paged attention, decode: KV tile = page size for pages of 16 and 32 tokens, else 64 "
+    "(vllm-xpu-kernels paged decode: kv tile 16/32/64 for block 16/32/other), at least 32 for fp8 caches "
+    "(Intel's vLLM unified-attention patch: TILE_SIZE 32 for fp8) and at most 32 for head dim > 128; "
+    "4 sub-groups per work-group (vllm-xpu-kernels uses 4 for 64-token tiles; fewer would not hold the "
+    "rows x head-dim fp32 accumulator in 128 registers); 8 sub-groups and 256 GRF when the tile holds "
+    "more registers (head dim > 128, or 32-64 packed query rows, i.e. GQA groups >= 32). "
+    "Prefill: Intel's flash-attention forward configs (BLOCK_M 128, BLOCK_N 64 or 32, 8 sub-groups, "
+    "grf_mode 256; Triton tutorial/benchmark fixed config 128x64, 8 warps), BLOCK_M 64 / BLOCK_N 32 for head dim > 128. "
+    "Splits: about 2 work-groups per Xe-core (waves=2; Xe-cores = gpu_subslice_count), at least 4 tiles "
+    "(256 tokens) per split and at most 32 splits (vllm-xpu-kernels get_num_splits caps). "
+    "MLA decode: BLOCK_H x BLOCK_DV fp32 accumulator kept at <= 8192 floats (64 GRF per thread at 8 "
+    "sub-groups of 16 lanes; vllm-xpu-kernels PR #541 splits V across the grid for head 512/576 after "
+    "spills cost 6-13x on B580), so BLOCK_H 16 x all 512 channels, or 32 rows x 256 channels; "
+    "BLOCK_N 32 (sglang/vLLM grouped MLA kernel), 8 sub-groups, grf_mode 256, 2 stages. "
+    "grf_mode is written '256' (triton-xpu >= 3.6); the launcher respells it 'large' for older Triton. "
+    "num_warps stays <= 32 with 256 GRF (the backend rejects more). sub_group_size is informational: "
+    "DPAS needs 16 and the backend forces it. Sources: shared/notes/perf_anchors.md sections 1.2, 1.4, "
+    "2.4, 3.4 and 5 (intel/intel-xpu-backend-for-triton benchmarks, vllm-xpu-kernels, sgl-kernel-xpu)."
+)
+
+
+def paged_config(d: int, g: int, p: int, q: str, dtype: str) -> dict:
+    fp8 = dtype.startswith("float8")
+    big_d = d > 128
+    if q == "decode":
+        block_n = p if p in (16, 32) else 64
+        if fp8:
+            block_n = max(block_n, 32)
+        if big_d:
+            block_n = min(block_n, 32)
+        wide = big_d or g >= 32
+        cfg = dict(BLOCK_N=block_n, num_warps=8 if wide else 4, num_stages=2)
+        if wide:
+            cfg["grf_mode"] = LARGE_GRF
+    else:
+        if big_d:
+            cfg = dict(BLOCK_M=64, BLOCK_N=32)
+        else:
+            cfg = dict(BLOCK_M=128, BLOCK_N=64 if (p == 1 or p >= 64) else 32)
+        cfg.update(num_warps=8, num_stages=2, grf_mode=LARGE_GRF)
+    cfg.update(waves=2, min_split_tokens=256, max_splits=32, sub_group_size=SUB_GROUP_SIZE)
+    return cfg
+
+
+def mla_config(rows: int, r: int) -> dict:
+    block_r = max(16, 1 << (r - 1).bit_length())
+    block_h = 16 if rows <= 16 else 32
+    return dict(BLOCK_H=block_h, BLOCK_N=32, BLOCK_DV=min(block_r, 8192 // block_h), num_warps=8, num_stages=2,
+                grf_mode=LARGE_GRF, sub_group_size=SUB_GROUP_SIZE)
+
+
+def file_for(name: str, info: dict) -> dict:
+    paged = {}
+    for d in HEAD_DIMS:
+        for g in GROUPS:
+            for p in PAGE_SIZES:
+                for q in ("decode", "prefill"):
+                    for dtype in KV_DTYPES:
+                        fields = dict(d=d, dv=d, g=g, p=p, q=q, w=WORK, dtype=dtype)
+                        paged[bucket_key(fields)] = paged_config(d, g, p, q, dtype)
+    # untuned dtypes (float32 caches): keep the heuristic's tiles, use the XPU split policy
+    paged["default"] = dict(waves=2, min_split_tokens=256, max_splits=32)
+    mla = {}
+    for rows in (16, 32, 64, 128):
+        for r in (512, 256):
+            for dtype in Q_DTYPES:
+                mla[bucket_key(dict(rows=rows, r=r, w=WORK, dtype=dtype))] = mla_config(rows, r)
+    return {
+        "device_name": name,
+        "device_key": normalize_device_key(name),
+        "backend": "xpu",
+        "target": info["target"],
+        "compute_units": info["xe_cores"],
+        "peaks": dict(bf16_tflops=info["bf16_tflops"], memory_gbs=info["memory_gbs"],
+                      source="per torch device; shared/notes/perf_anchors.md 3.1"),
+        "triton_version": "3.6.0",
+        "torch_version": "not measured",
+        "date": "2026-11-21",
+        "measured_on_hardware": False,
+        "tuned_with": "tools/seed_xpu_configs.py (rules from Intel's guidance; no timing)",
+        "source": SOURCE,
+        "ops": {"paged_attention": paged, "mla_decode": mla},
+        "gain_over_heuristic": {},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(REPO / "autotune_configs"))
+    args = ap.parse_args(argv)
+    folder = pathlib.Path(args.out) / "xpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, info in DEVICES.items():
+        data = file_for(name, info)
+        path = folder / f"{data['device_key']}.json"
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path} ({sum(len(v) for v in data['ops'].values())} entries)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""``torch.library`` custom ops for every tensor op of the package (namespace ``triton_xpu_attn``).
+
+The Python functions of the package root keep their drop-in signatures (ints or tensors for
+lengths, floats or tensors for scales, tuples for windows, optional ``out=``). A custom op needs a
+fixed schema, so each op here wraps one public function with a schema-compatible signature and
+carries a fake (meta) implementation that gives the output shapes from the input shapes alone.
+``torch.compile(fullgraph=True)`` then sees each call as one opaque node (no graph break), and
+``torch.library.opcheck`` passes for each.
+
+Call them as ``torch.ops.triton_xpu_attn.<name>(...)`` or through the functions of this module
+(same names, keyword arguments allowed):
+
+=====================================  ===========================================================
+custom op                              wraps / differences from the public function
+=====================================  ===========================================================
+``flash_attn_with_kvcache``            ``cache_seqlens`` a tensor; ``window_size`` as
+                                       ``window_left``/``window_right``; descales tensors (a
+                                       scalar: a one-element tensor); always returns
+                                       ``(out, lse)``, ``lse`` of shape ``[0]`` unless
+                                       ``return_softmax_lse``
+``flash_attn_with_kvcache_out``        the same, writing ``out`` in place; returns ``lse``
+``flash_mla_decode``                   ``kv_scale`` a one-element tensor or None; mutates
+                                       ``workspace``; always returns ``(out, lse)`` (``lse`` of
+                                       shape ``[0]`` unless ``return_lse``)
+``merge_state_v2``                     returns ``(v_merged, s_merged)``
+``merge_state_v2_out``                 writes ``v_merged``, ``s_merged`` in place
+``normalize_page_table``               ``max_pages`` required (the output width must not depend on
+                                       the values of ``seq_lens``)
+``normalize_page_table_out``           writes ``out`` in place
+``translate_loc_from_full_to_swa``     unchanged
+``make_local_attention_virtual_batches``  graph mode only: ``max_virtual_batches`` required (without
+                                       it the output size is ``V``, known only after a device->host
+                                       read, which no fake implementation can give); tensors only
+                                       (no numpy), no ``validate``
+``make_local_attention_virtual_batches_out``  writes the four graph-mode outputs in place
+``prepare_swa_spec_page_table``        mutates ``page_table_dst``; returns nothing; no ``validate``
+                                       (it synchronises with the host)
+=====================================  ===========================================================
+
+``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
+eager Python functions. ``max_local_attention_virtual_batches`` and
+``flash_mla_get_workspace_size`` return Python ints from Python ints: call them outside the
+compiled region (or inside: they trace as constants), no custom op needed.
+
+Every op launches on its inputs' device (``cuda:1``/``xpu:1`` included), whatever the current
+device is, and raises ``ValueError`` when its inputs sit on different devices.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .ops import local_attention as _local
+from .ops import merge_state as _merge
+from .ops import mla_decode as _mla
+from .ops import page_table as _page_table
+from .ops import paged_attention as _paged
+from .ops import swa_spec as _swa
+
+NAMESPACE = "triton_xpu_attn"
+
+__all__ = [
+    "flash_attn_with_kvcache",
+    "flash_attn_with_kvcache_out",
+    "flash_mla_decode",
+    "make_local_attention_virtual_batches",
+    "make_local_attention_virtual_batches_out",
+    "merge_state_v2",
+    "merge_state_v2_out",
+    "normalize_page_table",
+    "normalize_page_table_out",
+    "prepare_swa_spec_page_table",
+    "translate_loc_from_full_to_swa",
+    "OPS",
+]
+
+
+def _op(name: str, mutates_args=()):
+    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates_args)
+
+
+def _no_lse(like: Tensor) -> Tensor:
+    return torch.empty((0,), dtype=torch.float32, device=like.device)
+
+
+# ------------------------------------------------------------------------------------------
+# paged attention
+# ------------------------------------------------------------------------------------------
+
+
+def _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap, sinks,
+                  k_descale, v_descale, num_splits):
+    return dict(
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, causal=causal,
+        window_size=(window_left, window_right), softcap=softcap, sinks=sinks, k_descale=k_descale,
+        v_descale=v_descale, num_splits=num_splits,
+    )
+
+
+def _paged_out_shape(q: Tensor, v_cache: Tensor):
+    total_q = q.shape[0] * q.shape[1] if q.dim() == 4 else q.shape[0]
+    return total_q, q.shape[-2], v_cache.shape[-1]
+
+
+@_op("flash_attn_with_kvcache")
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    page_table: Tensor,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_attn_with_kvcache` as a custom op: ``(out, lse)``."""
+    kwargs = _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
+                           sinks, k_descale, v_descale, num_splits)
+    res = _paged.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table,
+        return_softmax_lse=return_softmax_lse, **kwargs,
+    )
+    return res if return_softmax_lse else (res, _no_lse(q))
+
+
+@flash_attn_with_kvcache.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q=None, max_seqlen_q=None, softmax_scale=None,
+      causal=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
+      num_splits=0, return_softmax_lse=False):
+    total_q, heads, dv = _paged_out_shape(q, v_cache)
+    out = q.new_empty((total_q, heads, dv))
+    lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
+    return out, lse
+
+
+@_op("flash_attn_with_kvcache_out", mutates_args=("out",))
+def flash_attn_with_kvcache_out(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    page_table: Tensor,
+    out: Tensor,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Tensor:
+    """:func:`triton_xpu_attn.flash_attn_with_kvcache` with ``out=``: writes ``out``, returns ``lse``
+    (shape ``[0]`` unless ``return_softmax_lse``)."""
+    kwargs = _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
+                           sinks, k_descale, v_descale, num_splits)
+    res = _paged.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, out=out,
+        return_softmax_lse=return_softmax_lse, **kwargs,
+    )
+    return res[1] if return_softmax_lse else _no_lse(q)
+
+
+@flash_attn_with_kvcache_out.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, page_table, out, cu_seqlens_q=None, max_seqlen_q=None, softmax_scale=None,
+      causal=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
+      num_splits=0, return_softmax_lse=False):
+    total_q, heads, _ = _paged_out_shape(q, v_cache)
+    return q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
+
+
+# ------------------------------------------------------------------------------------------
+# MLA decode
+# ------------------------------------------------------------------------------------------
+
+
+@_op("flash_mla_decode", mutates_args=("workspace",))
+def flash_mla_decode(
+    q_nope: Tensor,
+    q_pe: Optional[Tensor],
+    kv_c_and_k_pe_cache: Tensor,
+    seq_lens: Tensor,
+    page_table: Tensor,
+    workspace: Optional[Tensor],
+    sm_scale: float,
+    num_kv_splits: int = 1,
+    return_lse: bool = False,
+    kv_scale: Optional[Tensor] = None,
+    head_dim_v: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_mla_decode` as a custom op: ``(out, lse)``; ``workspace`` is
+    scratch (declared mutated)."""
+    res = _mla.flash_mla_decode(
+        q_nope, q_pe, kv_c_and_k_pe_cache, seq_lens, page_table, workspace, sm_scale, num_kv_splits,
+        return_lse=return_lse, kv_scale=kv_scale, head_dim_v=head_dim_v,
+    )
+    return res if return_lse else (res, _no_lse(q_nope))
+
+
+@flash_mla_decode.register_fake
+def _(q_nope, q_pe, kv_c_and_k_pe_cache, seq_lens, page_table, workspace, sm_scale, num_kv_splits=1,
+      return_lse=False, kv_scale=None, head_dim_v=None):
+    lead = tuple(q_nope.shape[:-1])
+    if q_pe is not None:
+        r = q_nope.shape[-1]
+    elif head_dim_v is not None:
+        r = head_dim_v
+    else:
+        width = q_nope.shape[-1]
+        if width not in _mla._KNOWN_SPLITS:
+            raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
+        r = _mla._KNOWN_SPLITS[width]
+    out = q_nope.new_empty((*lead, r))
+    lse = q_nope.new_empty(lead, dtype=torch.float32) if return_lse else _no_lse(q_nope)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------------------
+# merge_state_v2
+# ------------------------------------------------------------------------------------------
+
+
+@_op("merge_state_v2")
+def merge_state_v2(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.merge_state_v2` as a custom op: ``(v_merged, s_merged)``."""
+    return _merge.merge_state_v2(v_a, s_a, v_b, s_b)
+
+
+@merge_state_v2.register_fake
+def _(v_a, s_a, v_b, s_b):
+    # the real op allocates with torch.empty_like(v_a) (v_a's strides when dense): same here
+    return torch.empty_like(v_a), v_a.new_empty((v_a.shape[0], v_a.shape[1]), dtype=torch.float32)
+
+
+@_op("merge_state_v2_out", mutates_args=("v_merged", "s_merged"))
+def merge_state_v2_out(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, v_merged: Tensor, s_merged: Tensor) -> None:
+    """:func:`triton_xpu_attn.merge_state_v2` writing ``v_merged`` and ``s_merged`` in place."""
+    _merge.merge_state_v2(v_a, s_a, v_b, s_b, v_merged, s_merged)
+
+
+@merge_state_v2_out.register_fake
+def _(v_a, s_a, v_b, s_b, v_merged, s_merged):
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# page tables
+# ------------------------------------------------------------------------------------------
+
+
+@_op("normalize_page_table")
+def normalize_page_table(
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    seq_lens: Tensor,
+    page_size: int,
+    max_pages: int,
+    full_to_swa: Optional[Tensor] = None,
+) -> Tensor:
+    """:func:`triton_xpu_attn.normalize_page_table` with ``max_pages`` required: ``[B, max_pages]`` int32."""
+    return _page_table.normalize_page_table(
+        req_to_token, req_pool_indices, seq_lens, page_size, max_pages=max_pages, full_to_swa=full_to_swa
+    )
+
+
+@normalize_page_table.register_fake
+def _(req_to_token, req_pool_indices, seq_lens, page_size, max_pages, full_to_swa=None):
+    return req_to_token.new_empty((req_pool_indices.shape[0], max_pages), dtype=torch.int32)
+
+
+@_op("normalize_page_table_out", mutates_args=("out",))
+def normalize_page_table_out(
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    seq_lens: Tensor,
+    page_size: int,
+    out: Tensor,
+    full_to_swa: Optional[Tensor] = None,
+) -> None:
+    """:func:`triton_xpu_attn.normalize_page_table` writing ``out [B, max_pages]`` int32 in place."""
+    _page_table.normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, out=out,
+                                     full_to_swa=full_to_swa)
+
+
+@normalize_page_table_out.register_fake
+def _(req_to_token, req_pool_indices, seq_lens, page_size, out, full_to_swa=None):
+    return None
+
+
+@_op("translate_loc_from_full_to_swa")
+def translate_loc_from_full_to_swa(full_to_swa: Tensor, locs: Tensor) -> Tensor:
+    """:func:`triton_xpu_attn.translate_loc_from_full_to_swa` as a custom op."""
+    return _page_table.translate_loc_from_full_to_swa(full_to_swa, locs)
+
+
+@translate_loc_from_full_to_swa.register_fake
+def _(full_to_swa, locs):
+    return locs.new_empty(locs.shape, dtype=torch.int32)
+
+
+# ------------------------------------------------------------------------------------------
+# local attention metadata (graph mode)
+# ------------------------------------------------------------------------------------------
+
+
+def _local_out_shapes(attn_chunk_size: int, page_size: int, max_virtual_batches: int):
+    m = max_virtual_batches
+    return (m,), (m + 1,), (m,), (m, attn_chunk_size // page_size)
+
+
+@_op("make_local_attention_virtual_batches")
+def make_local_attention_virtual_batches(
+    attn_chunk_size: int,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_table: Tensor,
+    page_size: int,
+    max_virtual_batches: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`triton_xpu_attn.make_local_attention_virtual_batches` in graph mode
+    (``max_virtual_batches`` required): ``(seqlens_q_local [M], cu_seqlens_q_local [M+1],
+    seqlens_k_local [M], block_table_local [M, C // P])``, four separate int32 tensors."""
+    # the public function checks every argument (with its messages); the four outputs are
+    # allocated separately (its own allocation is one buffer with four views: outputs of a custom
+    # op must not alias each other)
+    sizes_ok = page_size > 0 and attn_chunk_size > 0 and attn_chunk_size % page_size == 0 and max_virtual_batches >= 0
+    out = tuple(
+        torch.empty(shape, dtype=torch.int32, device=block_table.device)
+        for shape in _local_out_shapes(attn_chunk_size, page_size, max_virtual_batches)
+    ) if sizes_ok else None
+    return tuple(_local.make_local_attention_virtual_batches(
+        attn_chunk_size, query_start_loc, seq_lens, block_table, page_size, max_virtual_batches=max_virtual_batches,
+        out=out,
+    ))
+
+
+@make_local_attention_virtual_batches.register_fake
+def _(attn_chunk_size, query_start_loc, seq_lens, block_table, page_size, max_virtual_batches):
+    if attn_chunk_size <= 0 or page_size <= 0 or attn_chunk_size % page_size:
+        raise ValueError(f"attn_chunk_size ({attn_chunk_size}) must be a positive multiple of page_size ({page_size})")
+    return tuple(
+        block_table.new_empty(shape, dtype=torch.int32)
+        for shape in _local_out_shapes(attn_chunk_size, page_size, max_virtual_batches)
+    )
+
+
+@_op(
+    "make_local_attention_virtual_batches_out",
+    mutates_args=("seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local"),
+)
+def make_local_attention_virtual_batches_out(
+    attn_chunk_size: int,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_table: Tensor,
+    page_size: int,
+    seqlens_q_local: Tensor,
+    cu_seqlens_q_local: Tensor,
+    seqlens_k_local: Tensor,
+    block_table_local: Tensor,
+) -> None:
+    """:func:`triton_xpu_attn.make_local_attention_virtual_batches` with ``out=`` (graph mode,
+    ``M = seqlens_q_local.shape[0]``): writes the four outputs in place."""
+    _local.make_local_attention_virtual_batches(
+        attn_chunk_size, query_start_loc, seq_lens, block_table, page_size,
+        out=(seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local),
+    )
+
+
+@make_local_attention_virtual_batches_out.register_fake
+def _(attn_chunk_size, query_start_loc, seq_lens, block_table, page_size, seqlens_q_local, cu_seqlens_q_local,
+      seqlens_k_local, block_table_local):
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# SWA speculative page table
+# ------------------------------------------------------------------------------------------
+
+
+@_op("prepare_swa_spec_page_table", mutates_args=("page_table_dst",))
+def prepare_swa_spec_page_table(
+    page_table_dst: Tensor,
+    page_table_a: Tensor,
+    page_table_b: Tensor,
+    seq_len_a: Tensor,
+    seq_len_b: Tensor,
+    num_draft_tokens: int,
+    seq_start_a: Optional[Tensor] = None,
+    full_to_swa: Optional[Tensor] = None,
+) -> None:
+    """:func:`triton_xpu_attn.prepare_swa_spec_page_table` (no ``validate``): writes
+    ``page_table_dst`` in place."""
+    _swa.prepare_swa_spec_page_table(
+        page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, num_draft_tokens,
+        seq_start_a=seq_start_a, full_to_swa=full_to_swa,
+    )
+
+
+@prepare_swa_spec_page_table.register_fake
+def _(page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, num_draft_tokens, seq_start_a=None,
+      full_to_swa=None):
+    return None
+
+
+#: name -> custom op (``torch._library.custom_ops.CustomOpDef``), one per registered op
+OPS = {
+    name: globals()[name]
+    for name in __all__
+    if name != "OPS"
+}
