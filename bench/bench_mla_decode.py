@@ -11,7 +11,7 @@ TFLOP/s (2 B H L (576 + 512) / time), ours/sglang speedup, and the geometric mea
 CSV + markdown + JSON to --out/<device_key>/ (default bench/results/; quick runs in quick/).
 
 usage:
-  python bench/bench_mla_decode.py [--quick] [--out DIR] [--peers DIR] [--sweep]
+  python bench/bench_mla_decode.py [--quick] [--out DIR] [--peers DIR] [--sweep] [--vs-heuristic]
 
 --peers DIR: a folder holding sgl_loader.py (from ../shared/peers/) and the sglang wheel, unpacked
 under DIR/unpacked (extracted from DIR/sglang-*.whl when missing); see ../shared/peers/README.md.
@@ -19,6 +19,8 @@ Without it only our kernel is timed. On a machine without a GPU, --quick runs on
 through the Triton interpreter as a smoke test.
 --sweep: also time a few kernel configs per case (BLOCK_H, BLOCK_N, warps, stages) and report the
 best, to seed autotune_configs/.
+--vs-heuristic: also time ours with the built-in heuristic config forced (``tuned_gain`` = heuristic
+time / time with this device's config file).
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def graph_ms(fn, device_type):
 
 
 def copy_bandwidth(dev):
-    return common.copy_bandwidth() if dev.type != "cpu" else float("nan")
+    return common.copy_bandwidth()  # measured once per process (a host copy under the interpreter)
 
 
 def make_case(B, H, L, page, dev, dtype):
@@ -97,7 +99,7 @@ def rel_err(out, ref):
     return common.rel_err(out[: ref.shape[0]], ref)
 
 
-def run_case(sgl, B, H, L, page, dev, dtype, bw, sweep):
+def run_case(sgl, B, H, L, page, dev, dtype, bw, sweep, vs_heuristic=False):
     torch.manual_seed(0)
     kv4, q, table, slots, seqlens = make_case(B, H, L, page, dev, dtype)
     scale = 1 / math.sqrt(192)
@@ -131,6 +133,13 @@ def run_case(sgl, B, H, L, page, dev, dtype, bw, sweep):
         holder["o"] = ours.flash_mla_decode(q_nope, q_pe, kv4, seqlens, table, ws, scale, -1)
 
     record("ours", ours_fn, lambda: holder["o"])
+    row["ours_config"] = tune.LAST_SOURCE.get("mla_decode", "-")
+    if vs_heuristic and "ours_us" in row:
+        with tune.override("mla_decode", {}):  # an empty override = the built-in heuristic config
+            ms = graph_ms(ours_fn, dev.type)
+            ms = ms if ms == ms else bench_ms(ours_fn, dev.type)
+        row["heuristic_us"] = ms * 1e3
+        row["tuned_gain"] = row["heuristic_us"] / row["ours_us"]
     from triton_xpu_attn.ops import mla_decode as mla_mod
 
     row["ours_splits"] = mla_mod._auto_splits(B, H, table.shape[1] * page, _device.compute_units(dev))
@@ -188,6 +197,8 @@ def fmt_row(row):
         cells.append(f"splits {row['ours_splits']}")
     if "speedup" in row:
         cells.append(f"ours/sglang {row['speedup']:.2f}x")
+    if "tuned_gain" in row:
+        cells.append(f"config {row.get('ours_config')} x{row['tuned_gain']:.2f} vs heuristic")
     if "sweep_best_cfg" in row:
         cells.append(f"sweep best {row['sweep_best_us']:.1f}us {row['sweep_best_tflops']:.1f}TF [{row['sweep_best_cfg']}]")
     return f"{name} | " + " | ".join(cells)
@@ -203,6 +214,10 @@ def main(argv=None):
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and the sglang wheel (unpacked/)")
     ap.add_argument("--sweep", action="store_true", help="also time a few kernel configs per case")
+    ap.add_argument("--vs-heuristic", action="store_true",
+                    help="also time our kernel with the built-in heuristic config (tuned_gain = heuristic / tuned time)")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="stop starting new cases after S seconds (results so far are written)")
     args = ap.parse_args(argv)
 
     dev = _device.default_device()
@@ -221,15 +236,23 @@ def main(argv=None):
             grid = [(B, H, L, P) for H in GRID_H for B in GRID_B for L in GRID_L for P in GRID_P]
     bw = copy_bandwidth(dev)
     print(common.header(), flush=True)
-    rows = []
-    for B, H, L, P in grid:
-        row = run_case(sgl, B, H, L, P, dev, dtype, bw, args.sweep)
+    rows, stopped = [], []
+    common.set_time_budget(args.time_budget)
+    for index, (B, H, L, P) in enumerate(grid):
+        if common.out_of_time():
+            stopped.append(f"stopped after {index} of {len(grid)} cases: time budget (--time-budget) spent")
+            print(stopped[-1], flush=True)
+            break
+        try:
+            row = run_case(sgl, B, H, L, P, dev, dtype, bw, args.sweep, args.vs_heuristic)
+        except Exception as exc:  # noqa: BLE001  (keep the grid going: out of memory, ...)
+            row = dict(B=B, H=H, L=L, page=P, ours_error=repr(exc)[:120])
         rows.append(row)
         print(fmt_row(row), flush=True)
         common.free_memory()
 
     speedups = [r["speedup"] for r in rows if "speedup" in r]
-    summary = []
+    summary = list(stopped)
     if speedups:
         summary.append(f"ours/sglang geomean {geomean(speedups):.2f}x, min {min(speedups):.2f}x over {len(speedups)} cases")
     for H in GRID_H:

@@ -5,11 +5,14 @@ Every peer is timed twice: eager (``*_eager_us``) and replayed from a CUDA graph
 headline: decode runs from graphs in sglang and vLLM, and it removes Python launch overhead that
 would otherwise dominate small batches for every peer alike).
 
-    python bench/bench_paged_attention.py [--quick] [--out bench/results] [--peers .peers] [--flex]
+    python bench/bench_paged_attention.py [--quick] [--out bench/results] [--peers .peers] [--flex] [--vs-heuristic]
 
 ``--peers DIR`` points at a folder holding ``sgl_loader.py`` (from ../shared/peers) and the unpacked
 sglang wheel under ``DIR/unpacked`` (see ../shared/peers/README.md). GB/s count the KV bytes read
 (K and V once); the roofline is a measured device-to-device copy (bytes read + written).
+``--vs-heuristic`` also times ours with the built-in heuristic config forced: ``tuned_gain`` =
+heuristic time / time with this device's config file (``ours_config`` names the config source).
+Results: ``<out>/<device_key>/paged_attention.csv`` / ``.md`` / ``.json`` (quick runs in ``quick/``).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton_xpu_attn as ours  # noqa: E402  (first: on a CPU it must select the interpreter before triton loads)
+from triton_xpu_attn import tune  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -107,6 +111,61 @@ def timed(row, peer):
     return t if common.finite(t) else row.get(f"{peer}_eager_us", float("nan"))
 
 
+def run_case(args, sgl, bw, device, Hq, Hkv, D, B, L, P) -> dict:
+    """Time ours and the peers on one grid point; returns the CSV row."""
+    case = make_case(B, Hq, Hkv, D, L, P, device)
+    scale = D**-0.5
+    K, V, slots = dense_kv(case, B, L, P)
+    qd = case["q"][:, :, None]
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qd, K, V, enable_gqa=True)  # noqa: E731
+    ref = sdpa()[:, :, 0]
+    byts = 2 * B * L * Hkv * D * 2
+    row = dict(Hq=Hq, Hkv=Hkv, D=D, B=B, L=L, P=P, kv_bytes=byts)
+    f = run_ours(case, scale)
+    row["ours_err"] = rel_err(f().view(B, Hq, D), ref)
+    row["ours_eager_us"], row["ours_us"] = bench_both(f)
+    row["ours_config"] = tune.LAST_SOURCE.get("paged_attention", "-")
+    if args.vs_heuristic:
+        with tune.override("paged_attention", {}):  # empty override = the built-in heuristic
+            heur = bench_both(f)
+        row["heuristic_us"] = heur[1] if common.finite(heur[1]) else heur[0]
+        row["tuned_gain"] = row["heuristic_us"] / timed(row, "ours")
+    row["ours_q4_eager_us"], row["ours_q4_us"] = bench_both(run_ours(case, scale, q_len=4))
+    row["sdpa_dense_eager_us"], row["sdpa_dense_us"] = bench_both(sdpa)
+    if sgl is not None:
+        o, g = run_sglang(sgl, case, slots, scale)
+        g()
+        row["sglang_err"] = rel_err(o, ref)
+        row["sglang_eager_us"], row["sglang_us"] = bench_both(g)
+    del K, V
+    if args.flex and P == 64 and L == 8192:
+        try:
+            h = run_flex(case, B, L, P)
+            row["flex_err"] = rel_err(h(), ref)
+            row["flex_eager_us"], row["flex_us"] = bench_both(h)
+        except Exception as exc:  # keep the run going; report the failure
+            print(f"flex failed: {exc!r}"[:200])
+    for peer in ("ours", "sglang", "sdpa_dense", "flex"):
+        if f"{peer}_us" in row:
+            gbs = byts / timed(row, peer) / 1e3
+            row[f"{peer}_GBs"] = gbs
+            row[f"{peer}_pct"] = 100 * gbs / bw
+    if "sglang_us" in row:
+        row["speedup_vs_sglang"] = timed(row, "sglang") / timed(row, "ours")
+    row["q4_over_decode"] = timed(row, "ours_q4") / timed(row, "ours")
+    row.update(time_us=timed(row, "ours"), bytes=byts, flops=4 * B * Hq * L * D)
+    print(
+        f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: ours {row['time_us']:.1f}us "
+        f"{row['ours_pct']:.0f}% err {row['ours_err']:.1e} | q4 x{row['q4_over_decode']:.2f} | "
+        + (f"sglang {row['sglang_pct']:.0f}% x{row['speedup_vs_sglang']:.2f} | " if sgl else "")
+        + f"sdpa {row['sdpa_dense_pct']:.0f}%"
+        + (f" | flex {row['flex_pct']:.0f}%" if "flex_pct" in row else "")
+        + (f" | config x{row['tuned_gain']:.2f} vs heuristic" if "tuned_gain" in row else ""),
+        flush=True,
+    )
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few cases only")
@@ -114,6 +173,10 @@ def main(argv=None):
     ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and unpacked/ (sglang wheel)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape: slow)")
     ap.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose KV cache exceeds this")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="stop starting new cases after S seconds (results so far are written)")
+    ap.add_argument("--vs-heuristic", action="store_true",
+                    help="also time ours with the built-in heuristic config (tuned_gain = heuristic / tuned time)")
     args = ap.parse_args(argv)
     device = ours.device.default_device()
     if device.type == "cpu":
@@ -134,68 +197,29 @@ def main(argv=None):
                              notes="Triton interpreter on the CPU: a smoke test, the time means nothing.")
         return 0
     torch.manual_seed(0)
+    common.set_time_budget(args.time_budget)
     sgl = load_sglang(args.peers)
     bw = copy_bandwidth()
     print(common.header(), flush=True)
     shapes, Bs, Ls, Ps = GRID_SHAPES, GRID_B, GRID_L, GRID_P
     if args.quick:
         shapes, Bs, Ls, Ps = shapes[:1], [1, 16], [8192], [16]
-    rows = []
-    for Hq, Hkv, D in shapes:
-        for B in Bs:
-            for L in Ls:
-                kv_gb = 2 * B * L * Hkv * D * 2 / 1e9
-                if kv_gb * 2 > args.max_gb:
-                    continue
-                for P in Ps:
-                    case = make_case(B, Hq, Hkv, D, L, P, device)
-                    scale = D**-0.5
-                    K, V, slots = dense_kv(case, B, L, P)
-                    qd = case["q"][:, :, None]
-                    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qd, K, V, enable_gqa=True)  # noqa: E731
-                    ref = sdpa()[:, :, 0]
-                    byts = 2 * B * L * Hkv * D * 2
-                    row = dict(Hq=Hq, Hkv=Hkv, D=D, B=B, L=L, P=P, kv_bytes=byts)
-                    f = run_ours(case, scale)
-                    row["ours_err"] = rel_err(f().view(B, Hq, D), ref)
-                    row["ours_eager_us"], row["ours_us"] = bench_both(f)
-                    row["ours_q4_eager_us"], row["ours_q4_us"] = bench_both(run_ours(case, scale, q_len=4))
-                    row["sdpa_dense_eager_us"], row["sdpa_dense_us"] = bench_both(sdpa)
-                    if sgl is not None:
-                        o, g = run_sglang(sgl, case, slots, scale)
-                        g()
-                        row["sglang_err"] = rel_err(o, ref)
-                        row["sglang_eager_us"], row["sglang_us"] = bench_both(g)
-                    del K, V
-                    if args.flex and P == 64 and L == 8192:
-                        try:
-                            h = run_flex(case, B, L, P)
-                            row["flex_err"] = rel_err(h(), ref)
-                            row["flex_eager_us"], row["flex_us"] = bench_both(h)
-                        except Exception as exc:  # keep the run going; report the failure
-                            print(f"flex failed: {exc!r}"[:200])
-                    for peer in ("ours", "sglang", "sdpa_dense", "flex"):
-                        if f"{peer}_us" in row:
-                            gbs = byts / timed(row, peer) / 1e3
-                            row[f"{peer}_GBs"] = gbs
-                            row[f"{peer}_pct"] = 100 * gbs / bw
-                    if "sglang_us" in row:
-                        row["speedup_vs_sglang"] = timed(row, "sglang") / timed(row, "ours")
-                    row["q4_over_decode"] = timed(row, "ours_q4") / timed(row, "ours")
-                    row.update(time_us=timed(row, "ours"), bytes=byts, flops=4 * B * Hq * L * D)
-                    rows.append(row)
-                    print(
-                        f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: ours {row['time_us']:.1f}us "
-                        f"{row['ours_pct']:.0f}% err {row['ours_err']:.1e} | q4 x{row['q4_over_decode']:.2f} | "
-                        + (f"sglang {row['sglang_pct']:.0f}% x{row['speedup_vs_sglang']:.2f} | " if sgl else "")
-                        + f"sdpa {row['sdpa_dense_pct']:.0f}%"
-                        + (f" | flex {row['flex_pct']:.0f}%" if "flex_pct" in row else ""),
-                        flush=True,
-                    )
-                    del case
-                    common.free_memory()
+    rows, summary = [], []
+    cases = [(Hq, Hkv, D, B, L, P) for Hq, Hkv, D in shapes for B in Bs for L in Ls for P in Ps
+             if 2 * (2 * B * L * Hkv * D * 2 / 1e9) <= args.max_gb]  # the paged cache and its dense copy
+    for index, (Hq, Hkv, D, B, L, P) in enumerate(cases):
+        if common.out_of_time():
+            summary.append(f"stopped after {index} of {len(cases)} cases: time budget (--time-budget) spent")
+            print(summary[-1], flush=True)
+            break
+        try:
+            row = run_case(args, sgl, bw, device, Hq, Hkv, D, B, L, P)
+        except Exception as exc:  # noqa: BLE001  (keep the grid going: out of memory, a peer failing, ...)
+            print(f"Hq={Hq} Hkv={Hkv} D={D} B={B} L={L} P={P}: FAILED {exc!r}"[:300], flush=True)
+            row = dict(Hq=Hq, Hkv=Hkv, D=D, B=B, L=L, P=P, error=repr(exc)[:200])
+        rows.append(row)
+        common.free_memory()
     ratios = [r["speedup_vs_sglang"] for r in rows if "speedup_vs_sglang" in r]
-    summary = []
     if ratios:
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         summary.append(f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases")

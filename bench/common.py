@@ -19,7 +19,6 @@ import functools
 import glob
 import importlib.util
 import json
-import math
 import os
 import pathlib
 import statistics
@@ -35,6 +34,8 @@ import triton_xpu_attn  # noqa: E402,F401  (first: on a CPU it selects the inter
 from triton_xpu_attn import device as _device  # noqa: E402
 
 import torch  # noqa: E402
+
+from bench.report import finite, geomean, headline  # noqa: E402,F401  (pure Python, shared with the reports)
 
 RESULTS_DIR = REPO / "bench" / "results"
 #: the roofline columns every op's rows carry (for our kernel)
@@ -118,6 +119,23 @@ def bench_both(fn, warmup: int = 25, rep: int = 100) -> tuple[float, float]:
     return eager, graph_ms(fn, warmup=warmup, rep=rep) * 1e3
 
 
+#: time.monotonic() after which long benchmarks start no new case (None: no limit)
+DEADLINE: float | None = None
+
+
+def set_time_budget(seconds: float | None) -> None:
+    """Start no new case ``seconds`` from now (a script's ``--time-budget``); keeps an earlier,
+    tighter deadline (the suite's)."""
+    global DEADLINE
+    if seconds is not None:
+        mine = time.monotonic() + seconds
+        DEADLINE = mine if DEADLINE is None else min(DEADLINE, mine)
+
+
+def out_of_time() -> bool:
+    return DEADLINE is not None and time.monotonic() > DEADLINE
+
+
 # ------------------------------------------------------------------------------------------
 # the device's ceilings
 # ------------------------------------------------------------------------------------------
@@ -158,7 +176,7 @@ def device_peaks() -> tuple[float, float]:
 def describe() -> dict:
     info = _device.describe()
     bw, tf = device_peaks()
-    info.update(copy_gbs=round(bw, 1), matmul_tflops=round(tf, 1), date=datetime.date.today().isoformat())
+    info.update(copy_gbs=float(f"{bw:.4g}"), matmul_tflops=float(f"{tf:.4g}"), date=datetime.date.today().isoformat())
     return info
 
 
@@ -166,8 +184,8 @@ def header(info: dict | None = None) -> str:
     """One line: device, compute units, torch, triton, measured ceilings, date."""
     info = info or describe()
     return (f"device {info['device']} ({info['compute_units']} compute units, {info['backend']}) | torch {info['torch']} | "
-            f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | bf16 matmul {info['matmul_tflops']:.0f} "
-            f"TFLOP/s | {info['date']}")
+            f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | "
+            f"{'bf16' if on_gpu() else 'fp32'} matmul {info['matmul_tflops']:.3g} TFLOP/s | {info['date']}")
 
 
 def free_memory() -> None:
@@ -212,37 +230,6 @@ def rel_err(out, ref) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def geomean(xs) -> float:
-    xs = [x for x in xs if finite(x) and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def headline(rows: list[dict], bw: float, tf: float, *, speedup: str | None = None, peer: str | None = None,
-             note: str = "") -> dict:
-    """The op's headline numbers from its rows' roofline columns (and a speedup column):
-    % of the copy roofline (best, median), achieved GB/s and TFLOP/s (best), speedup vs the peer."""
-    out: dict = dict(cases=len(rows), peer=peer, note=note)
-    gbs = [r["bytes"] / r["time_us"] / 1e3 for r in rows
-           if finite(r.get("bytes")) and r["bytes"] > 0 and finite(r.get("time_us")) and r["time_us"] > 0]
-    tfs = [r["flops"] / r["time_us"] / 1e6 for r in rows
-           if finite(r.get("flops")) and r["flops"] > 0 and finite(r.get("time_us")) and r["time_us"] > 0]
-    if gbs:
-        out.update(best_gbs=max(gbs), best_pct_copy=100 * max(gbs) / bw if finite(bw) else None,
-                   median_pct_copy=100 * statistics.median(gbs) / bw if finite(bw) else None)
-    if tfs:
-        out.update(best_tflops=max(tfs), best_pct_matmul=100 * max(tfs) / tf if finite(tf) else None)
-    if speedup:
-        ratios = [r[speedup] for r in rows if finite(r.get(speedup)) and r[speedup] > 0]
-        if ratios:
-            out.update(speedup_geomean=geomean(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
-                       speedup_cases=len(ratios))
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
-
-
 # ------------------------------------------------------------------------------------------
 # results
 # ------------------------------------------------------------------------------------------
@@ -274,12 +261,14 @@ def results_dir(out: str | os.PathLike | None, quick: bool = False, device_key: 
 
 def _cell(v) -> str:
     if isinstance(v, float):
-        return "-" if not math.isfinite(v) else f"{v:.3g}"
-    return "" if v is None else str(v)
+        return "-" if not finite(v) else f"{v:.3g}"
+    return "" if v is None else str(v).replace("|", "\\|")  # e.g. bucket keys in config sources
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
     keys = columns or list(dict.fromkeys(k for r in rows for k in r))
+    if not rows:
+        return "(no cases)\n"
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -307,8 +296,9 @@ def write_results(op: str, rows: list[dict], *, out=None, quick: bool = False, t
         f.write(table if table is not None else markdown_table(rows))
         if summary:
             f.write("\n" + "\n".join(f"- {s}" for s in summary) + "\n")
-    meta = dict(op=op, title=title or op, quick=quick, command=command, summary=summary, **info,
-                headline=headline(rows, info["copy_gbs"], info["matmul_tflops"], **(headline_kw or {})))
+    headline_kw = headline_kw or {}
+    meta = dict(op=op, title=title or op, quick=quick, command=command, summary=summary, **info, headline_kw=headline_kw,
+                headline=headline(rows, info["copy_gbs"], info["matmul_tflops"], **headline_kw))
     (folder / f"{op}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     print(f"wrote {folder}/{op}.csv, .md, .json")
     return folder

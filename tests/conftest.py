@@ -15,7 +15,7 @@ from triton_xpu_attn import device as _device
 
 settings.register_profile(
     "ci",
-    max_examples=6,
+    max_examples=20,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-import triton_xpu_attn
 from helpers import DEVICE, INTERPRET, assert_close
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import reference as ref
@@ -728,93 +727,109 @@ _PA, _MLA, _LOCAL, _SWA, _MERGE = (flash_attn_with_kvcache, flash_mla_decode, ma
 _META = torch.device("meta")  # a second device that exists everywhere (two GPUs: test_ops_reject_inputs_on_two_devices)
 _DEV = torch.empty(0, device=DEVICE).device  # with its index (cuda:0), as error messages print it
 
-#: (class of invalid input, op, arguments, exception type, exact message or its fixed prefix).
+#: (class of invalid input, the input, op, arguments, exception type, exact message or its fixed prefix).
 #: README.md's "Bad input" table is this list; keep them in step.
 BAD_INPUT = [
-    ("dtype", _PA, _paged_args(q=torch.zeros(3, 4, 64, dtype=torch.int32)), TypeError,
+    ("dtype", "`q` int32", _PA, _paged_args(q=torch.zeros(3, 4, 64, dtype=torch.int32)), TypeError,
      "q must have dtype in (float16, bfloat16, float32), got int32"),
-    ("dtype", _PA, _paged_args(page_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError,
+    ("dtype", "`page_table` int64", _PA, _paged_args(page_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError,
      "page_table must have dtype in (int32), got int64"),
-    ("dtype", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, dtype=torch.float16)), TypeError,
+    ("dtype", "`k_cache` fp16 under an fp32 `q`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, dtype=torch.float16)), TypeError,
      "k_cache must have dtype in (float32, float8_e4m3fn, float8_e5m2), got float16"),
-    ("dtype", _MLA, _mla_args(seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype in (int32, int64), got float32"),
-    ("dtype", _MERGE, _merge_args(v_b=torch.zeros(3, 2, 16, dtype=torch.float16)), TypeError,
+    ("dtype", "`seq_lens` float32", _MLA, _mla_args(seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype in (int32, int64), got float32"),
+    ("dtype", "`v_b` fp16, `v_a` fp32", _MERGE, _merge_args(v_b=torch.zeros(3, 2, 16, dtype=torch.float16)), TypeError,
      "v_b must have dtype in (float32), got float16"),
-    ("not a tensor", _PA, _paged_args(q=[[0.0]]), TypeError, "q must be a torch.Tensor, got list"),
-    ("device mismatch", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, device=_META)), ValueError,
+    ("not a tensor", "`q` a list", _PA, _paged_args(q=[[0.0]]), TypeError, "q must be a torch.Tensor, got list"),
+    ("device mismatch", "`k_cache` on another device than `q`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, device=_META)), ValueError,
      "k_cache is on meta but q is on {dev}: all inputs must be on one device"),
-    ("device mismatch", _MLA, _mla_args(seq_lens=torch.zeros(2, dtype=torch.int32, device=_META)), ValueError,
+    ("device mismatch", "`seq_lens` on another device than `q_nope`", _MLA, _mla_args(seq_lens=torch.zeros(2, dtype=torch.int32, device=_META)), ValueError,
      "seq_lens is on meta but q_nope is on {dev}: all inputs must be on one device"),
-    ("device mismatch", _MERGE, _merge_args(s_b=torch.zeros(3, 2, device=_META)), ValueError,
+    ("device mismatch", "`s_b` on another device than `v_a`", _MERGE, _merge_args(s_b=torch.zeros(3, 2, device=_META)), ValueError,
      "s_b is on meta but v_a is on {dev}: all inputs must be on one device"),
-    ("device mismatch", _LOCAL, _local_args(seq_lens=torch.tensor([6, 17, 9], dtype=torch.int32, device=_META)), ValueError,
+    ("device mismatch", "`seq_lens` on another device than `block_table`", _LOCAL, _local_args(seq_lens=torch.tensor([6, 17, 9], dtype=torch.int32, device=_META)), ValueError,
      "seq_lens is on meta but block_table is on {dev}: all inputs must be on one device"),
-    ("shape", _PA, _paged_args(q=torch.zeros(3, 4, 128)), ValueError, "q's head dim (128) must equal k_cache's (64)"),
-    ("shape", _PA, _paged_args(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), ValueError,
+    ("shape", "`q` with D = 128 over a D = 64 cache", _PA, _paged_args(q=torch.zeros(3, 4, 128)), ValueError, "q's head dim (128) must equal k_cache's (64)"),
+    ("shape", "`cu_seqlens_q` of length 2 for B = 2", _PA, _paged_args(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), ValueError,
      "len(cu_seqlens_q) must be B + 1 = 3 (B from page_table and cache_seqlens), got 2"),
-    ("shape", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 56)), ValueError,
+    ("shape", "cache rows of 56 channels for R + Dr = 48", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 56)), ValueError,
      "kv_c_and_k_pe_cache rows hold 56 channels but q_nope/q_pe give R + Dr = 32 + 16 = 48"),
-    ("shape", _MERGE, _merge_args(s_a=torch.zeros(2, 3)), ValueError, "s_a must have shape [3, 2], got [2, 3]"),
-    ("last-dim stride", _PA, _paged_args(q=torch.zeros(3, 64, 4).transpose(1, 2)), ValueError,
+    ("shape", "`s_a` `[2, 3]` for `v_a` `[3, 2, 16]`", _MERGE, _merge_args(s_a=torch.zeros(2, 3)), ValueError, "s_a must have shape [3, 2], got [2, 3]"),
+    ("last-dim stride", "`q.stride(-1) != 1`", _PA, _paged_args(q=torch.zeros(3, 64, 4).transpose(1, 2)), ValueError,
      "q must be contiguous in its last dimension (stride(-1) == 1), got stride (256, 1, 4)"),
-    ("last-dim stride", _PA, _paged_args(k_cache=torch.zeros(6, 4, 64, 2).transpose(2, 3)), ValueError,
+    ("last-dim stride", "`k_cache.stride(-1) != 1`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 64, 2).transpose(2, 3)), ValueError,
      "k_cache must be contiguous in its last dimension (stride(-1) == 1), got stride (512, 128, 1, 2)"),
-    ("last-dim stride", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 48, 4).transpose(1, 2)), ValueError,
+    ("last-dim stride", "cache `stride(-1) != 1`", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 48, 4).transpose(1, 2)), ValueError,
      "kv_c_and_k_pe_cache must be contiguous in its last dimension (stride(-1) == 1), got stride (192, 1, 4)"),
-    ("page size", _PA, _paged_args(k_cache=torch.zeros(6, 3, 2, 64), v_cache=torch.zeros(6, 3, 2, 64)), ValueError,
+    ("page size", "`k_cache` page size 3", _PA, _paged_args(k_cache=torch.zeros(6, 3, 2, 64), v_cache=torch.zeros(6, 3, 2, 64)), ValueError,
      "page_size (k_cache.shape[1]) must be a power of two from 1 to 256, got 3"),
-    ("page size", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(2, 512, 48)), ValueError,
+    ("page size", "cache page size 512", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(2, 512, 48)), ValueError,
      "kv_c_and_k_pe_cache.shape[1] (page size) must be a power of two from 1 to 256, got 512"),
-    ("page size", _LOCAL, _local_args(page_size=3, attn_chunk_size=6), ValueError,
+    ("page size", "`page_size=3`", _LOCAL, _local_args(page_size=3, attn_chunk_size=6), ValueError,
      "page_size must be a power of two from 1 to 256, got 3"),
-    ("page size", _LOCAL, _local_args(page_size=2.0), TypeError, "page_size must be an int, got float"),
-    ("head dims", _PA, _paged_args(q=torch.zeros(3, 4, 32), k_cache=torch.zeros(6, 4, 2, 32), v_cache=torch.zeros(6, 4, 2, 32)),
+    ("page size", "`page_size=2.0`", _LOCAL, _local_args(page_size=2.0), TypeError, "page_size must be an int, got float"),
+    ("head dims", "D = 32", _PA, _paged_args(q=torch.zeros(3, 4, 32), k_cache=torch.zeros(6, 4, 2, 32), v_cache=torch.zeros(6, 4, 2, 32)),
      ValueError, "head dim D must be one of (64, 80, 96, 128, 192, 256), got 32"),
-    ("head dims", _PA, _paged_args(v_cache=torch.zeros(6, 4, 2, 100)), ValueError,
+    ("head dims", "Dv = 100", _PA, _paged_args(v_cache=torch.zeros(6, 4, 2, 100)), ValueError,
      "value head dim Dv must be one of (64, 80, 96, 128, 192, 256), got 100"),
-    ("head dims", _PA, _paged_args(q=torch.zeros(3, 3, 64)), ValueError,
+    ("head dims", "3 query heads over 2 KV heads", _PA, _paged_args(q=torch.zeros(3, 3, 64)), ValueError,
      "the query heads (3) must be a multiple of the KV heads (2)"),
-    ("head dims", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 2, 48)), ValueError,
+    ("head dims", "cache `[pages, P, 2, R + Dr]`", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 2, 48)), ValueError,
      "kv_c_and_k_pe_cache must have one KV head (shape [pages, P, 1, R + Dr]), got [4, 4, 2, 48]"),
-    ("head dims", _MLA, _mla_args(q_pe=None, q_nope=torch.zeros(2, 3, 100)), ValueError,
+    ("head dims", "combined `q_nope` of width 100 without `head_dim_v`", _MLA, _mla_args(q_pe=None, q_nope=torch.zeros(2, 3, 100)), ValueError,
      "q_nope holds combined queries of width 100: pass head_dim_v (the latent width R)"),
-    ("length beyond the table (validate=True)", _LOCAL, _local_args(block_table=torch.zeros(3, 4, dtype=torch.int32),
+    ("length beyond the table (validate=True)", "`seq_lens[1] = 17` over a 4-column table, `validate=True`", _LOCAL, _local_args(block_table=torch.zeros(3, 4, dtype=torch.int32),
                                                                     validate=True), ValueError,
      "seq_lens[1] = 17 needs more pages than block_table has columns (4, page_size 2)"),
-    ("length beyond the table (validate=True)", _SWA, _swa_args(page_table_dst=torch.zeros(2, 3, dtype=torch.int32),
+    ("length beyond the table (validate=True)", "`seq_len_a + seq_len_b = 4` into 3 columns, `validate=True`", _SWA, _swa_args(page_table_dst=torch.zeros(2, 3, dtype=torch.int32),
                                                                 validate=True), ValueError,
      "page_table_dst is too narrow: row 0 needs seq_len_a + seq_len_b = 4 columns, page_table_dst has 3"),
-    ("page id outside the pool (validate=True)", _LOCAL, _local_args(validate=True, num_pages=20), ValueError,
+    ("page id outside the pool (validate=True)", "table entry 22 with `num_pages=20`, `validate=True`", _LOCAL, _local_args(validate=True, num_pages=20), ValueError,
      "block_table entry 22 (virtual batch 6, column 0) is outside the page pool [0, 20)"),
-    ("page id outside the pool (validate=True)", _SWA, _swa_args(validate=True, swa_pool_size=8), ValueError,
+    ("page id outside the pool (validate=True)", "slot 8 with `swa_pool_size=8`, `validate=True`", _SWA, _swa_args(validate=True, swa_pool_size=8), ValueError,
      "1 destination row(s) hold slots outside the SWA pool [0, 8) (full-pool slots? pass full_to_swa=): "
      "first page_table_dst[1, 3] = 8"),
-    ("workspace too small", _MLA, _mla_args(num_kv_splits=4, workspace=torch.zeros(16, dtype=torch.uint8)), ValueError,
+    ("workspace too small", "a 16-byte workspace for 4 splits", _MLA, _mla_args(num_kv_splits=4, workspace=torch.zeros(16, dtype=torch.uint8)), ValueError,
      "workspace holds 16 bytes but flash_mla_decode needs 3328 bytes for 4 KV splits (B=2, q_len=1, H=3, R=32): "
      "size it with flash_mla_get_workspace_size"),
-    ("workspace too small", _MLA, _mla_args(num_kv_splits=2, workspace=None), ValueError,
+    ("workspace too small", "no workspace for 2 splits", _MLA, _mla_args(num_kv_splits=2, workspace=None), ValueError,
      "workspace holds 0 bytes but flash_mla_decode needs 1792 bytes for 2 KV splits"),
-    ("chunk not a page multiple", _LOCAL, _local_args(attn_chunk_size=6, page_size=4), ValueError,
+    ("chunk not a page multiple", "`attn_chunk_size=6`, `page_size=4`", _LOCAL, _local_args(attn_chunk_size=6, page_size=4), ValueError,
      "attn_chunk_size (6) must be a multiple of page_size (4)"),
-    ("graph-mode size too small", _LOCAL, _local_args(max_virtual_batches=2), ValueError,
+    ("graph-mode size too small", "`max_virtual_batches=2` for B = 3", _LOCAL, _local_args(max_virtual_batches=2), ValueError,
      "max_virtual_batches (2) must be at least the batch size 3: every request makes at least one virtual batch"),
-    ("graph-mode size too small (validate=True)", _LOCAL, _local_args(max_virtual_batches=5, validate=True), ValueError,
+    ("graph-mode size too small (validate=True)", "`max_virtual_batches=5` when 8 are needed, `validate=True`", _LOCAL, _local_args(max_virtual_batches=5, validate=True), ValueError,
      "the batch needs 8 virtual batches, more than max_virtual_batches = 5"),
-    ("unsupported feature", _PA, _paged_args(k=torch.zeros(3, 2, 64)), ValueError,
+    ("unsupported feature", "`k=` given", _PA, _paged_args(k=torch.zeros(3, 2, 64)), ValueError,
      "k: appending new keys inside the call is not supported: write k/v into the cache first"),
-    ("missing argument", _PA, _paged_args(cu_seqlens_q=None), ValueError,
+    ("missing argument", "3-D `q` without `cu_seqlens_q`", _PA, _paged_args(cu_seqlens_q=None), ValueError,
      "cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]"),
 ]
 
 
-@pytest.mark.parametrize("row", BAD_INPUT, ids=[f"{i}-{r[0]}-{r[1].__name__}" for i, r in enumerate(BAD_INPUT)])
+@pytest.mark.parametrize("row", BAD_INPUT, ids=[f"{i}-{r[0]}-{r[2].__name__}" for i, r in enumerate(BAD_INPUT)])
 def test_bad_input_table(row):
-    _, fn, args, error, message = row
+    _, _, fn, args, error, message = row
     message = message.format(dev=_DEV)
     with pytest.raises(error) as info:
         _call(fn, dict(args))
     assert type(info.value) is error
     assert str(info.value).startswith(message), f"{str(info.value)!r} does not start with {message!r}"
+
+
+def readme_row(row) -> str:
+    """The README's line for a BAD_INPUT row (device mismatches shown as cuda:1 vs cuda:0)."""
+    cls, what, fn, _, error, message = row
+    message = message.replace("is on meta", "is on cuda:1").format(dev="cuda:0")
+    return f"| {cls} | {what} | `{fn.__name__}` | `{error.__name__}` | `{message}` |"
+
+
+def test_readme_bad_input_table_matches_the_tests():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "## Bad input" in readme
+    missing = [readme_row(row) for row in BAD_INPUT if readme_row(row) not in readme]
+    assert not missing, "README.md's Bad input table lacks:\n" + "\n".join(missing)
 
 
 def test_custom_ops_raise_the_same_errors():
@@ -925,72 +940,88 @@ def _free_bytes():
     return 0
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [1, 0])
-def test_paged_attention_cache_beyond_2_pow_31_elements(num_splits):
-    page, hkv, d, group = 16, 8, 128, 4
-    num_pages = 2**31 // (page * hkv * d) + 4  # 131076 pages: 2^31 + 65536 elements per cache
-    need = 2 * num_pages * page * hkv * d * 2
-    if _free_bytes() < need + 2**30:
-        pytest.skip(f"needs {need / 2**30:.1f} GiB of free device memory")
-    k_cache = torch.empty(num_pages, page, hkv, d, dtype=torch.bfloat16, device=DEVICE)
-    v_cache = torch.empty(num_pages, page, hkv, d, dtype=torch.bfloat16, device=DEVICE)
-    assert k_cache.numel() > 2**31
+def _far_end_paged_attention(num_pages, dtype, num_splits, page=16, hkv=8, d=128, group=4):
+    """Paged attention over K/V caches of ``num_pages`` pages whose used pages are the pool's last
+    8 (the pool's very last element is read), against the float64 reference on those pages."""
+    k_cache = torch.empty(num_pages, page, hkv, d, dtype=dtype, device=DEVICE)
+    v_cache = torch.empty(num_pages, page, hkv, d, dtype=dtype, device=DEVICE)
     gen = torch.Generator().manual_seed(0)
-    lens = [48, 37, 1]
-    used = [num_pages - 1 - i for i in range(8)]  # the pool's last 8 pages, in a scrambled order
-    # request 0 fills the pool's very last page (used[0]) up to its last element
-    table = torch.tensor([[used[3], used[5], used[0]], [used[1], used[6], used[2]], [used[7], used[4], used[4]]],
-                         dtype=torch.int32)
-    small_k = torch.randn(8, page, hkv, d, generator=gen).to(torch.bfloat16)
-    small_v = torch.randn(8, page, hkv, d, generator=gen).to(torch.bfloat16)
+    lens = [3 * page, 2 * page + page // 2 + 1, 1]  # within the 3-page table rows
+    # page num_pages - 1 - i of the pool holds small_*[i]; request 0 ends on the pool's last page
+    table = num_pages - 1 - torch.tensor([[3, 5, 0], [1, 6, 2], [7, 4, 4]], dtype=torch.int32)
+    small_k = torch.randn(8, page, hkv, d, generator=gen).to(dtype)
+    small_v = torch.randn(8, page, hkv, d, generator=gen).to(dtype)
+    used = [num_pages - 1 - i for i in range(8)]
     k_cache[used] = small_k.to(DEVICE)
     v_cache[used] = small_v.to(DEVICE)
-    small_table = (num_pages - 1 - table)  # page p of the pool = row num_pages - 1 - p of small_*
-    q = torch.randn(3, 1, hkv * group, d, generator=gen).to(torch.bfloat16)
+    small_table = num_pages - 1 - table
     seqlens = torch.tensor(lens, dtype=torch.int32)
+    # decode
+    q = torch.randn(3, 1, hkv * group, d, generator=gen).to(dtype)
     out, lse = flash_attn_with_kvcache(q.to(DEVICE), k_cache, v_cache, cache_seqlens=seqlens.to(DEVICE),
                                        page_table=table.to(DEVICE), num_splits=num_splits, return_softmax_lse=True)
     out_ref, lse_ref = ref.paged_attention(q, small_k, small_v, seqlens, small_table)
-    assert_close(out, out_ref, torch.bfloat16)
+    assert_close(out, out_ref, dtype)
     assert torch.allclose(lse.cpu().double(), lse_ref, atol=2e-2)
-    # the same cache as one layer of a [2, ...] view would double it; instead check the prefill path too
-    qp = torch.randn(6, hkv * group, d, generator=gen).to(torch.bfloat16)
+    # causal q_len > 1
+    qp = torch.randn(6, hkv * group, d, generator=gen).to(dtype)
     cu = torch.tensor([0, 3, 5, 6], dtype=torch.int32)
     out = flash_attn_with_kvcache(qp.to(DEVICE), k_cache, v_cache, cache_seqlens=seqlens.to(DEVICE),
                                   page_table=table.to(DEVICE), cu_seqlens_q=cu.to(DEVICE), causal=True, num_splits=num_splits)
     out_ref, _ = ref.paged_attention(qp, small_k, small_v, seqlens, small_table, cu, causal=True)
-    assert_close(out, out_ref, torch.bfloat16)
-    del k_cache, v_cache
+    assert_close(out, out_ref, dtype)
+
+
+def _far_end_mla(num_pages, dtype, num_kv_splits, r=512, dr=64, page=64, heads=16):
+    """MLA decode over a latent cache of ``num_pages`` pages whose used pages are the pool's last 5."""
+    cache = torch.empty(num_pages, page, r + dr, dtype=dtype, device=DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    small = torch.randn(5, page, r + dr, generator=gen).to(dtype)
+    cache[[num_pages - 1 - i for i in range(5)]] = small.to(DEVICE)
+    table = num_pages - 1 - torch.tensor([[2, 4, 0], [1, 3, 3]], dtype=torch.int32)
+    small_table = num_pages - 1 - table
+    seq_lens = torch.tensor([3 * page, page + page // 2 + 4], dtype=torch.int32)  # request 0 ends on the pool's last row
+    q_nope = torch.randn(2, heads, r, generator=gen).to(dtype)
+    q_pe = torch.randn(2, heads, dr, generator=gen).to(dtype)
+    size = flash_mla_get_workspace_size(3 * page, 2, heads, page, num_kv_splits, head_dim_v=r, device=DEVICE)
+    ws = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+    scale = (r // 4 + dr) ** -0.5
+    out, lse = flash_mla_decode(q_nope.to(DEVICE), q_pe.to(DEVICE), cache, seq_lens.to(DEVICE), table.to(DEVICE), ws,
+                                scale, num_kv_splits, return_lse=True)
+    out_ref, lse_ref = ref.mla_decode(q_nope, q_pe, small, seq_lens, small_table, scale)
+    assert_close(out, out_ref, dtype)
+    assert torch.allclose(lse.cpu().double(), lse_ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_far_end_harness_small(num_splits):
+    # the harness of the 2^31 tests on a small pool (runs everywhere)
+    _far_end_paged_attention(12, ATTN_DTYPE, num_splits, page=4, hkv=2, d=64, group=2)
+    _far_end_mla(7, ATTN_DTYPE, -1 if num_splits == 0 else 1, r=MLA_R, dr=MLA_DR, page=4, heads=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_paged_attention_cache_beyond_2_pow_31_elements(num_splits):
+    page, hkv, d = 16, 8, 128
+    num_pages = 2**31 // (page * hkv * d) + 4  # 131076 pages: 2^31 + 65536 elements per cache
+    assert num_pages * page * hkv * d > 2**31
+    need = 2 * num_pages * page * hkv * d * 2
+    if _free_bytes() < need + 2**30:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free device memory")
+    _far_end_paged_attention(num_pages, torch.bfloat16, num_splits, page=page, hkv=hkv, d=d)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_kv_splits", [1, -1])
 def test_mla_decode_cache_beyond_2_pow_31_elements(num_kv_splits):
-    page, width, heads = 64, 576, 16
+    page, width = 64, 576
     num_pages = 2**31 // (page * width) + 2  # 58256 pages: 2^31 + 65536 elements
+    assert num_pages * page * width > 2**31
     need = num_pages * page * width * 2
     if _free_bytes() < need + 2**30:
         pytest.skip(f"needs {need / 2**30:.1f} GiB of free device memory")
-    cache = torch.empty(num_pages, page, width, dtype=torch.bfloat16, device=DEVICE)
-    assert cache.numel() > 2**31
-    gen = torch.Generator().manual_seed(1)
-    used = [num_pages - 1 - i for i in range(5)]
-    small = torch.randn(5, page, width, generator=gen).to(torch.bfloat16)
-    cache[used] = small.to(DEVICE)
-    table = torch.tensor([[used[2], used[4], used[0]], [used[1], used[3], used[3]]], dtype=torch.int32)
-    small_table = num_pages - 1 - table
-    seq_lens = torch.tensor([192, 100], dtype=torch.int32)  # request 0 ends on the pool's last row
-    q_nope = torch.randn(2, heads, 512, generator=gen).to(torch.bfloat16)
-    q_pe = torch.randn(2, heads, 64, generator=gen).to(torch.bfloat16)
-    size = flash_mla_get_workspace_size(3 * page, 2, heads, page, num_kv_splits, device=DEVICE)
-    ws = torch.empty(size, dtype=torch.uint8, device=DEVICE)
-    out, lse = flash_mla_decode(q_nope.to(DEVICE), q_pe.to(DEVICE), cache, seq_lens.to(DEVICE), table.to(DEVICE), ws,
-                                192**-0.5, num_kv_splits, return_lse=True)
-    out_ref, lse_ref = ref.mla_decode(q_nope, q_pe, small, seq_lens, small_table, 192**-0.5)
-    assert_close(out, out_ref, torch.bfloat16)
-    assert torch.allclose(lse.cpu().double(), lse_ref, atol=2e-2)
-    del cache
+    _far_end_mla(num_pages, torch.bfloat16, num_kv_splits, page=page)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1015,7 +1046,7 @@ def test_ops_run_on_their_inputs_device(name):
         on0 = make_case(name, dev0, seed=3)
         expected = snapshot(on0.public(on0.t))
         on1 = make_case(name, dev1, seed=3)  # same values on the second GPU, current device still 0
-        got = on1.public(on1.t)
+        got = snapshot(on1.public(on1.t))
         op, args, kwargs = on1.custom(on1.t)
         got_custom = on1.custom_outputs(on1.t, op(*args, **kwargs))
         assert api.current_device() == 0

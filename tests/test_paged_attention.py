@@ -345,3 +345,33 @@ def test_gpu_larger_problems(dtype):
         got, lse, _, out_ref, lse_ref = run_problem(pb)
         assert_close(got, out_ref, dtype)
         check_lse(lse, lse_ref, dtype)
+
+
+def test_validate_reports_lengths_beyond_the_table_and_pages_outside_the_pool():
+    args = _valid_args()
+    q, k_cache, v_cache = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    flash_attn_with_kvcache(q, k_cache, v_cache, validate=True, **args)  # valid: no error
+    too_long = dict(args, cache_seqlens=torch.tensor([1, 17], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 17 exceeds the page table"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, validate=True, **too_long)
+    outside = dict(args, page_table=torch.tensor([[1], [3]], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"page id 3 outside the pool \[0, 3\)"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, validate=True, **outside)
+    more_queries = dict(args, cu_seqlens_q=torch.tensor([0, 2, 2], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="queries but only"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, validate=True, **more_queries)
+
+
+def test_length_beyond_the_table_is_clamped_not_read_past():
+    gen = torch.Generator().manual_seed(9)
+    k = torch.randn(4, 8, 1, 64, generator=gen)
+    v = torch.randn(4, 8, 1, 64, generator=gen)
+    q = torch.randn(1, 2, 64, generator=gen)
+    table = torch.tensor([[3, 1]], dtype=torch.int32)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    got = flash_attn_with_kvcache(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=torch.tensor([40], dtype=torch.int32, device=DEVICE),
+        page_table=table.to(DEVICE), cu_seqlens_q=cu.to(DEVICE),
+    )
+    expected, _ = ref.paged_attention(q, k, v, torch.tensor([16]), table, cu)
+    assert_close(got, expected, torch.float32)

@@ -45,7 +45,6 @@ compiled region (or inside: they trace as constants), no custom op needed.
 Every op launches on its inputs' device (``cuda:1``/``xpu:1`` included), whatever the current
 device is, and raises ``ValueError`` when its inputs sit on different devices.
 """
-from __future__ import annotations
 
 from typing import Optional
 

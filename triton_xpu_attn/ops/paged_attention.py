@@ -63,7 +63,7 @@ def _paged_attention_kernel(
     q_ptr, stride_q_t, stride_q_h,
     k_cache_ptr, stride_k_page, stride_k_tok, stride_k_head,
     v_cache_ptr, stride_v_page, stride_v_tok, stride_v_head,
-    page_table_ptr, stride_pt_b,
+    page_table_ptr, stride_pt_b, max_pages,
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
     k_descale_ptr, stride_kd_b, stride_kd_h,
@@ -157,7 +157,8 @@ def _paged_attention_kernel(
     )
 
     # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
-    kv_len = tl.load(cache_seqlens_ptr + b)
+    # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
+    kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
     pos = kv_len - q_len + q_row  # absolute position of each query row
     row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
     row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
@@ -273,7 +274,7 @@ def _register_compile_variants():
         q_ptr="*bf16", stride_q_t="i64", stride_q_h="i32",
         k_cache_ptr="*bf16", stride_k_page="i64", stride_k_tok="i32", stride_k_head="i32",
         v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
-        page_table_ptr="*i32", stride_pt_b="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
         sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
@@ -329,7 +330,8 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
     batch wants long tiles over many splits, a full one shorter tiles)."""
     if decode_like:
-        block_n = 128 if work <= 2 else 64
+        # H200 tuning: long key tiles until the batch fills the device, then 64 (128 for D <= 64)
+        block_n = 128 if work <= 4 or head_dim <= 64 else 64
     else:
         block_n = 64
     if head_dim > 128:
@@ -344,6 +346,34 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
         max_splits=64,
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
+
+
+def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
+    """validate=True: the checks that need the lengths and page ids on the host."""
+    lens = cache_seqlens.long().cpu()
+    width = page_table.shape[1]
+    if (lens < 0).any():
+        raise ValueError(f"cache_seqlens must be >= 0, got {lens.min().item()}")
+    if (lens > width * page_size).any():
+        b = int((lens > width * page_size).nonzero()[0])
+        raise ValueError(
+            f"cache_seqlens[{b}] = {int(lens[b])} exceeds the page table: {width} pages x page_size {page_size}"
+        )
+    if cu_seqlens_q is not None:
+        cu = cu_seqlens_q.long().cpu()
+        q_lens = cu[1:] - cu[:-1]
+        if int(cu[0]) < 0 or (q_lens < 0).any() or int(cu[-1]) > total_q:
+            raise ValueError(f"cu_seqlens_q must be non-decreasing from >= 0 up to at most total_q = {total_q}")
+    else:
+        q_lens = torch.full_like(lens, uniform_q_len)
+    if (q_lens > lens).any():
+        b = int((q_lens > lens).nonzero()[0])
+        raise ValueError(f"request {b} has {int(q_lens[b])} queries but only {int(lens[b])} keys (cache_seqlens includes the new tokens)")
+    used = (torch.arange(width)[None, :] < ((lens + page_size - 1) // page_size)[:, None])
+    pages = page_table.cpu()[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
+        bad = pages[(pages < 0) | (pages >= num_pages)][0]
+        raise ValueError(f"page_table holds page id {int(bad)} outside the pool [0, {num_pages})")
 
 
 def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.Tensor | None:
@@ -398,6 +428,7 @@ def flash_attn_with_kvcache(
     sm_margin: int = 0,
     return_softmax_lse: bool = False,
     out: torch.Tensor | None = None,
+    validate: bool = False,
 ):
     """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill).
 
@@ -423,8 +454,8 @@ def flash_attn_with_kvcache(
         ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
     page_table : torch.Tensor
         ``[B, max_pages]`` int32, **page-granular**: physical page of each logical page.
-        ``cache_seqlens[b] <= max_pages * page_size`` is the caller's promise (not checked on the
-        device).
+        ``cache_seqlens[b] <= max_pages * page_size`` is required (``validate=True`` checks it; the
+        kernel clamps longer lengths to the table rather than read past it).
     cu_seqlens_q : torch.Tensor, optional
         ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
     max_seqlen_q : int, optional
@@ -453,6 +484,12 @@ def flash_attn_with_kvcache(
         Also return the LSE ``[Hq, total_q]`` fp32 (natural log, sinks included).
     out : torch.Tensor, optional
         ``[total_q, Hq, Dv]`` destination in q's dtype (last dim contiguous).
+    validate : bool
+        Check, with a host sync (not for graph capture), that ``cu_seqlens_q`` is non-decreasing
+        within ``q``, every request's queries fit in its KV length, every ``cache_seqlens`` fits in
+        the page-table width, and every page id that will be read lies in ``[0, num_pages)``;
+        raise ``ValueError`` otherwise. Without it a length beyond the table is clamped to the
+        table (the kernel never reads past it) and page ids are trusted.
 
     Returns
     -------
@@ -545,7 +582,12 @@ def flash_attn_with_kvcache(
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
 
+    if validate:
+        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
     if total_q == 0 or batch == 0:
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        out.zero_()
         return (out, lse) if return_softmax_lse else out
     scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
 
@@ -607,7 +649,7 @@ def flash_attn_with_kvcache(
             q, q.stride(0), q.stride(1),
             k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            page_table, page_table.stride(0),
+            page_table, page_table.stride(0), page_table.shape[1],
             cache_seqlens,
             cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
             *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
