@@ -8,7 +8,7 @@ false``. ``.ci/xpu_compile_check.py`` compiles every distinct config of these fi
 target (pvc or bmg). Running the tuner on the device (``python -m triton_xpu_attn.tune``) replaces
 them with measured files.
 
-    python tools/seed_xpu_configs.py [--out autotune_configs]
+    python autotune_configs/seed_xpu_configs.py [--out autotune_configs]
 
 Bucket keys are built exactly as the launchers build them (``tune.bucket_key``):
 paged attention ``d, dv, g, p, q, w, dtype``; MLA decode ``rows, r, w, dtype``. The rules do not
@@ -130,7 +130,7 @@ def file_for(name: str, info: dict) -> dict:
         "torch_version": "not measured",
         "date": "2026-11-21",
         "measured_on_hardware": False,
-        "tuned_with": "tools/seed_xpu_configs.py (rules from Intel's guidance; no timing)",
+        "tuned_with": "autotune_configs/seed_xpu_configs.py (rules from Intel's guidance; no timing)",
         "source": SOURCE,
         "ops": {"paged_attention": paged, "mla_decode": mla},
         "gain_over_heuristic": {},
