@@ -11,7 +11,7 @@ them with measured files.
     python autotune_configs/seed_xpu_configs.py [--out autotune_configs]
 
 Bucket keys are built exactly as the launchers build them (``tune.bucket_key``):
-paged attention ``d, dv, g, p, q, w, dtype``; MLA decode ``rows, r, w, dtype``. The rules do not
+paged attention ``d, dv, g, p, q, w, dtype``; MLA decode ``rows, r, w, kv, dtype``. The rules do not
 depend on the work bucket ``w`` or (below 32 rows) the group size, so each file holds one ``w``
 and two ``g`` values; ``tune.lookup``'s nearest-bucket fallback then serves every other value
 (it compares numeric fields on a log scale and requires the text fields, ``q`` and ``dtype``, to
@@ -117,7 +117,8 @@ def file_for(name: str, info: dict) -> dict:
     for rows in (16, 32, 64, 128):
         for r in (512, 256):
             for dtype in Q_DTYPES:
-                mla[bucket_key(dict(rows=rows, r=r, w=WORK, dtype=dtype))] = mla_config(rows, r)
+                for kv in ("page", "gather"):
+                    mla[bucket_key(dict(rows=rows, r=r, w=WORK, kv=kv, dtype=dtype))] = mla_config(rows, r)
     return {
         "device_name": name,
         "device_key": normalize_device_key(name),

@@ -34,6 +34,7 @@ from .._common import (
 
 _SCAN_BLOCK = 1024  # requests per step of the single-program prefix sum
 _FILL_ELEMENTS = 2048  # block-table elements per program of the fill kernel
+_FUSED_MAX_BATCH = 1024  # graph mode counts inside the fill kernel up to this many requests
 
 
 @triton.jit
@@ -101,24 +102,47 @@ def _local_vb_fill_kernel(
     search_steps,
     BLOCK_V: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    FUSED_COUNT: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
     """Grid ``(cdiv(num_out + 1, BLOCK_V), cdiv(pages_per_chunk, BLOCK_P))``: virtual batches
-    ``v`` of this program's block (and, for column block 0, their lengths and ``cu`` entries)."""
+    ``v`` of this program's block (and, for column block 0, their lengths and ``cu`` entries).
+
+    ``FUSED_COUNT`` (graph mode, ``batch <= BLOCK_B``): each program counts the virtual batches of
+    every request itself instead of reading the count kernel's ``cu_nblk``, so the whole op is one
+    launch (small batches are launch-bound)."""
     v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    total = tl.load(cu_nblk_ptr + batch)
-    # request of v: the largest b with cu_nblk[b] <= v (cu_nblk is strictly increasing)
-    lo = tl.zeros([BLOCK_V], dtype=tl.int32)
-    hi = tl.zeros([BLOCK_V], dtype=tl.int32) + (batch - 1)
-    for _ in range(0, search_steps):
-        mid = (lo + hi + 1) // 2
-        go = tl.load(cu_nblk_ptr + mid) <= v
-        lo = tl.where(go, mid, lo)
-        hi = tl.where(go, hi, mid - 1)
-    b = lo
+    if FUSED_COUNT:
+        r = tl.arange(0, BLOCK_B)
+        inside = r < batch
+        r0 = tl.load(query_start_loc_ptr + r, mask=inside, other=0).to(tl.int64)
+        r1 = tl.load(query_start_loc_ptr + r + 1, mask=inside, other=0).to(tl.int64)
+        rs = tl.load(seq_lens_ptr + r, mask=inside, other=0).to(tl.int64)
+        _, _, nblk_r, _ = _request_geometry(r1 - r0, rs, chunk)
+        nblk_r = tl.where(inside, nblk_r, 0)
+        inclusive = tl.cumsum(nblk_r, axis=0)
+        total = tl.sum(nblk_r, axis=0)
+        # requests wholly before v: their count is v's request, their virtual batches precede v's
+        before = (inclusive[None, :] <= v[:, None]) & inside[None, :]
+        b = tl.minimum(tl.sum(before.to(tl.int32), axis=1), batch - 1)
+        vb_first = tl.sum(tl.where(before, nblk_r[None, :], 0), axis=1)
+        nblk_b = tl.sum(tl.where(r[None, :] == b[:, None], nblk_r[None, :], 0), axis=1)
+    else:
+        total = tl.load(cu_nblk_ptr + batch)
+        # request of v: the largest b with cu_nblk[b] <= v (cu_nblk is strictly increasing)
+        lo = tl.zeros([BLOCK_V], dtype=tl.int32)
+        hi = tl.zeros([BLOCK_V], dtype=tl.int32) + (batch - 1)
+        for _ in range(0, search_steps):
+            mid = (lo + hi + 1) // 2
+            go = tl.load(cu_nblk_ptr + mid) <= v
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid - 1)
+        b = lo
+        vb_first = tl.load(cu_nblk_ptr + b)
+        nblk_b = tl.load(cu_nblk_ptr + b + 1) - vb_first
     active = v < total  # v >= total: an unused virtual batch (graph mode) -> lengths 0, pages 0
-    vb_first = tl.load(cu_nblk_ptr + b)
     a = (v - vb_first).to(tl.int64)  # index of v within its request
-    nblk_b = (tl.load(cu_nblk_ptr + b + 1) - vb_first).to(tl.int64)
+    nblk_b = nblk_b.to(tl.int64)
     q0 = tl.load(query_start_loc_ptr + b).to(tl.int64)
     q1 = tl.load(query_start_loc_ptr + b + 1).to(tl.int64)
     s = tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0)
@@ -164,7 +188,8 @@ register_xpu_compile(
         query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
         stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
         seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
-        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128,
+        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128, FUSED_COUNT=False,
+        BLOCK_B=1,
     ),
     num_warps=4,
 )
@@ -175,7 +200,20 @@ register_xpu_compile(
         query_start_loc_ptr="*i64", seq_lens_ptr="*i64", cu_nblk_ptr="*i32", block_table_ptr="*i64",
         stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
         seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
-        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=256,
+        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=256, FUSED_COUNT=False,
+        BLOCK_B=1,
+    ),
+    num_warps=4,
+)
+register_xpu_compile(
+    _local_vb_fill_kernel,
+    "i32,fused count,B64",
+    dict(
+        query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
+        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
+        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128, FUSED_COUNT=True,
+        BLOCK_B=64,
     ),
     num_warps=4,
 )
@@ -392,9 +430,14 @@ def make_local_attention_virtual_batches(
     if validate:
         _validate_lengths(query_start_loc, seq_lens, page_size, max_pages)
 
+    # graph mode without validation: one fused launch (count inside the fill kernel) for batches
+    # up to _FUSED_MAX_BATCH; otherwise the count kernel first
+    fused = max_virtual_batches is not None and not validate and 0 < batch <= _FUSED_MAX_BATCH
     cu_nblk = torch.empty(batch + 1, dtype=torch.int32, device=device)
     with device_guard(device):
-        if batch > 0:
+        if fused:
+            pass
+        elif batch > 0:
             _local_vb_count_kernel[(1,)](
                 query_start_loc, seq_lens, cu_nblk, batch, chunk, BLOCK_B=_SCAN_BLOCK, num_warps=4
             )
@@ -423,6 +466,9 @@ def make_local_attention_virtual_batches(
         else:
             block_p = min(next_power_of_2(pages_per_chunk), 256)
             block_v = min(128, max(16, _FILL_ELEMENTS // block_p))
+            block_b = next_power_of_2(batch) if fused else 1
+            if fused:  # the [BLOCK_V, BLOCK_B] request-lookup matrix stays within _FILL_ELEMENTS
+                block_v = min(block_v, max(1, _FILL_ELEMENTS // block_b))
             grid = (cdiv(num_out + 1, block_v), cdiv(pages_per_chunk, block_p))
             _local_vb_fill_kernel[grid](
                 query_start_loc,
@@ -445,6 +491,8 @@ def make_local_attention_virtual_batches(
                 batch.bit_length(),
                 BLOCK_V=block_v,
                 BLOCK_P=block_p,
+                FUSED_COUNT=fused,
+                BLOCK_B=block_b,
                 num_warps=4,
             )
     if validate:

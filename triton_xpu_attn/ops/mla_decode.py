@@ -20,7 +20,7 @@ fills (on the device).
 
 Configs (``tune.lookup("mla_decode", ...)``; bucket fields ``rows`` = q_len x H rounded up to a
 power of two in 16..128, ``r`` = R, ``w`` = ``tune.work_bucket`` of the programs at 16-row tiles,
-``dtype``): ``BLOCK_H`` (rows per program, >= 16),
+``kv`` = "gather" for pages shorter than 16 tokens else "page", ``dtype``): ``BLOCK_H`` (rows per program, >= 16),
 ``BLOCK_N`` (keys per tile, >= 16), ``BLOCK_DV`` (output channels per program, 0 = all R),
 ``num_warps``, ``num_stages``, ``grf_mode`` (XPU). ``tune.override("mla_decode", config)`` forces one.
 """
@@ -537,7 +537,10 @@ def flash_mla_decode(
 
     # work bucket: programs at the smallest (16-row) tile against the device's compute units
     work = tune.work_bucket(batch * cdiv(rows, 16), _device.compute_units(device))
-    fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "w": work, "dtype": str(dtype).replace("torch.", "")}
+    # kv: "gather" when pages are shorter than a key tile (per-token addressing), else "page";
+    # the two want different tiles (H200: P=64-tuned tiles ran 0.7x the heuristic at P=1)
+    fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "w": work, "kv": "gather" if page_size < 16 else "page",
+              "dtype": str(dtype).replace("torch.", "")}
     config = tune.lookup("mla_decode", fields, _heuristic_config(rows, R, dtype, work), device=device)
     block_r = max(16, next_power_of_2(R))
     block_dr = max(16, next_power_of_2(DR))
