@@ -263,16 +263,10 @@ CONFIG_CONSTEXPRS = {
 }
 
 
-def _parse_bucket(text: str) -> dict:
-    out = {}
-    for part in text.split("|"):
-        k, _, v = part.partition("=")
-        out[k] = int(v) if v.lstrip("-").isdigit() else v
-    return out
-
-
 def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]]:
     """Jobs from autotune_configs/xpu/*.json, and errors found while reading those files."""
+    from triton_xpu_attn.tune import parse_bucket  # imported by now (the registry import loaded it)
+
     jobs, errors = [], []
     skip = {"debug", "backend_name", "extern_libs", "sanitize_overflow", "generate_native_code"}
     seen = set()  # (target, variant, options, constexprs): one compile serves every file and bucket
@@ -304,7 +298,7 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
                 pairs = [(v, {}) for v in mine]
                 if op in CONFIG_CONSTEXPRS and bucket != "default":
                     try:
-                        pairs = [CONFIG_CONSTEXPRS[op](_parse_bucket(bucket), cfg, mine)]
+                        pairs = [CONFIG_CONSTEXPRS[op](parse_bucket(bucket), cfg, mine)]
                     except Exception as e:  # noqa: BLE001
                         errors.append(f"{path.name}: {op}[{bucket}]: {type(e).__name__}: {e}")
                         continue

@@ -145,12 +145,7 @@ def main(argv=None) -> None:
         )
 
     name = {"cuda": lambda: torch.cuda.get_device_name(), "xpu": lambda: torch.xpu.get_device_name()}.get(backend, lambda: backend)()
-    print(f"\nmake_local_attention_virtual_batches on {name} (median us; baseline = numpy reference + H2D copies)\n")
-    cols = list(results[0])
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in results:
-        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    common.print_table(f"make_local_attention_virtual_batches on {name} (median us; baseline = numpy reference + H2D copies)", results)
     common.write_results(
         "local_attention", results, out=args.out, quick=args.quick,
         title=f"make_local_attention_virtual_batches (chunk {chunk}, page {page_size})",

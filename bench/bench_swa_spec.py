@@ -91,12 +91,7 @@ def main(argv=None) -> None:
 
     backend = tdevice.backend()
     name = {"cuda": lambda: torch.cuda.get_device_name(), "xpu": lambda: torch.xpu.get_device_name()}.get(backend, lambda: backend)()
-    print(f"\nprepare_swa_spec_page_table on {name} (median; torch = torch-indexing reference)\n")
-    cols = list(results[0])
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in results:
-        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    common.print_table(f"prepare_swa_spec_page_table on {name} (median; torch = torch-indexing reference)", results)
     common.write_results(
         "swa_spec", results, out=args.out, quick=args.quick, title="prepare_swa_spec_page_table",
         notes="Median us; `torch` = the torch-indexing reference on the same device (allocates its result; the kernel "

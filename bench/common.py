@@ -302,3 +302,13 @@ def write_results(op: str, rows: list[dict], *, out=None, quick: bool = False, t
     (folder / f"{op}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     print(f"wrote {folder}/{op}.csv, .md, .json")
     return folder
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    """Print ``rows`` as a markdown table under ``title`` (the scripts' console output)."""
+    print(f"\n{title}\n")
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r[c]) for c in cols) + " |")

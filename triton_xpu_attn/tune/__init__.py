@@ -111,7 +111,8 @@ def override(op: str, config: dict):
             _OVERRIDES[op] = previous
 
 
-def _parse_bucket(text: str) -> dict:
+def parse_bucket(text: str) -> dict:
+    """Inverse of :func:`bucket_key`: ``"d=128|g=4"`` -> ``{"d": 128, "g": 4}``."""
     out = {}
     for part in text.split("|"):
         k, _, v = part.partition("=")
@@ -126,7 +127,7 @@ def nearest_bucket(table: dict, fields: dict) -> str | None:
     for text in table:
         if text == "default":
             continue
-        other = _parse_bucket(text)
+        other = parse_bucket(text)
         if set(other) != set(fields):
             continue
         distance = 0.0
