@@ -7,7 +7,6 @@ defined). Profiles: ``ci`` (default: few examples, no deadline, derandomised) an
 import os
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 
 import triton_xpu_attn  # noqa: F401  (selects the interpreter on a CPU-only machine)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, TOLERANCE, assert_close, poison, rel_error
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 
