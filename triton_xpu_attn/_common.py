@@ -85,6 +85,26 @@ def check_positive_int(value: Any, name: str) -> int:
     return value
 
 
+def validate_lengths_and_pages(lengths_name: str, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int,
+                               num_pages: int) -> None:
+    """``validate=True`` of the paged ops (a host sync): every length fits the page-table width and
+    every page id that will be read lies in ``[0, num_pages)``; ``ValueError`` otherwise."""
+    lens = lengths.long().cpu()
+    width = page_table.shape[1]
+    if (lens < 0).any():
+        raise ValueError(f"{lengths_name} must be >= 0, got {lens.min().item()}")
+    if (lens > width * page_size).any():
+        b = int((lens > width * page_size).nonzero()[0])
+        raise ValueError(
+            f"{lengths_name}[{b}] = {int(lens[b])} exceeds the page table: {width} pages x page_size {page_size}"
+        )
+    used = torch.arange(width)[None, :] < ((lens + page_size - 1) // page_size)[:, None]
+    pages = page_table.cpu()[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
+        bad = pages[(pages < 0) | (pages >= num_pages)][0]
+        raise ValueError(f"page_table holds page id {int(bad)} outside the pool [0, {num_pages})")
+
+
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     """Make ``device`` current while launching, so ``cuda:1`` / ``xpu:1`` inputs run on their GPU."""
     if device.type == "cuda":

@@ -45,6 +45,7 @@ from .._common import (
     device_guard,
     next_power_of_2,
     register_xpu_compile,
+    validate_lengths_and_pages,
 )
 from .merge_state import combine_splits
 
@@ -397,6 +398,7 @@ def flash_mla_decode(
     return_lse: bool = False,
     kv_scale: float | torch.Tensor | None = None,
     head_dim_v: int | None = None,
+    validate: bool = False,
 ):
     """Multi-head latent attention decode over a paged latent cache (sgl-kernel-xpu drop-in).
 
@@ -442,6 +444,10 @@ def flash_mla_decode(
         one-element float tensor on the device (read by the kernel; no host sync).
     head_dim_v : int, optional
         ``R`` when ``q_pe`` is None (default 512 for width 576, 256 for width 288).
+    validate : bool
+        Check, with a host sync (not for graph capture), that every ``seq_lens`` fits the page
+        table and every page id that will be read lies in ``[0, num_pages)``; raise ``ValueError``
+        otherwise. Without it longer lengths are clamped to the table and page ids are trusted.
 
     Returns
     -------
@@ -511,6 +517,8 @@ def flash_mla_decode(
         q_nope=q_nope, q_pe=q_pe, kv_c_and_k_pe_cache=cache, seq_lens=seq_lens, page_table=page_table, workspace=workspace
     )
     host_scale, scale_tensor = _as_kv_scale(kv_scale, device)
+    if validate:
+        validate_lengths_and_pages("seq_lens", seq_lens, page_table, page_size, cache.shape[0])
 
     out = torch.empty((*lead, R), dtype=dtype, device=device)
     lse = torch.empty(lead, dtype=torch.float32, device=device) if return_lse else None

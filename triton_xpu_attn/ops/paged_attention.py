@@ -31,6 +31,7 @@ from .._common import (
     device_guard,
     next_power_of_2,
     register_xpu_compile,
+    validate_lengths_and_pages,
 )
 from .merge_state import combine_splits
 
@@ -350,15 +351,8 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
 
 def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
     """validate=True: the checks that need the lengths and page ids on the host."""
+    validate_lengths_and_pages("cache_seqlens", cache_seqlens, page_table, page_size, num_pages)
     lens = cache_seqlens.long().cpu()
-    width = page_table.shape[1]
-    if (lens < 0).any():
-        raise ValueError(f"cache_seqlens must be >= 0, got {lens.min().item()}")
-    if (lens > width * page_size).any():
-        b = int((lens > width * page_size).nonzero()[0])
-        raise ValueError(
-            f"cache_seqlens[{b}] = {int(lens[b])} exceeds the page table: {width} pages x page_size {page_size}"
-        )
     if cu_seqlens_q is not None:
         cu = cu_seqlens_q.long().cpu()
         q_lens = cu[1:] - cu[:-1]
@@ -369,11 +363,6 @@ def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uni
     if (q_lens > lens).any():
         b = int((q_lens > lens).nonzero()[0])
         raise ValueError(f"request {b} has {int(q_lens[b])} queries but only {int(lens[b])} keys (cache_seqlens includes the new tokens)")
-    used = (torch.arange(width)[None, :] < ((lens + page_size - 1) // page_size)[:, None])
-    pages = page_table.cpu()[used]
-    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
-        bad = pages[(pages < 0) | (pages >= num_pages)][0]
-        raise ValueError(f"page_table holds page id {int(bad)} outside the pool [0, {num_pages})")
 
 
 def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.Tensor | None:
