@@ -181,41 +181,22 @@ register_xpu_compile(
     dict(query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", batch="i32", chunk="i64", BLOCK_B=1024),
     num_warps=4,
 )
-register_xpu_compile(
-    _local_vb_fill_kernel,
-    "i32",
-    dict(
-        query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
-        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
-        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
-        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128, FUSED_COUNT=False,
-        BLOCK_B=1,
-    ),
-    num_warps=4,
+_FILL_I32 = dict(
+    query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
+    stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
+    seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
+    page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128, FUSED_COUNT=False,
+    BLOCK_B=1,
 )
+register_xpu_compile(_local_vb_fill_kernel, "i32", _FILL_I32, num_warps=4)
 register_xpu_compile(
     _local_vb_fill_kernel,
     "i64,BLOCK_P256",
-    dict(
-        query_start_loc_ptr="*i64", seq_lens_ptr="*i64", cu_nblk_ptr="*i32", block_table_ptr="*i64",
-        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
-        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
-        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=256, FUSED_COUNT=False,
-        BLOCK_B=1,
-    ),
+    {**_FILL_I32, "query_start_loc_ptr": "*i64", "seq_lens_ptr": "*i64", "block_table_ptr": "*i64", "BLOCK_P": 256},
     num_warps=4,
 )
 register_xpu_compile(
-    _local_vb_fill_kernel,
-    "i32,fused count,B64",
-    dict(
-        query_start_loc_ptr="*i32", seq_lens_ptr="*i32", cu_nblk_ptr="*i32", block_table_ptr="*i32",
-        stride_bt_row="i64", stride_bt_col="i64", max_pages="i32", seqlens_q_ptr="*i32", cu_seqlens_q_ptr="*i32",
-        seqlens_k_ptr="*i32", bt_local_ptr="*i32", stride_btl_row="i64", batch="i32", num_out="i32", chunk="i64",
-        page_size="i64", pages_per_chunk="i32", search_steps="i32", BLOCK_V=16, BLOCK_P=128, FUSED_COUNT=True,
-        BLOCK_B=64,
-    ),
-    num_warps=4,
+    _local_vb_fill_kernel, "i32,fused count,B64", {**_FILL_I32, "FUSED_COUNT": True, "BLOCK_B": 64}, num_warps=4
 )
 
 

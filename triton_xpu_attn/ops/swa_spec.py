@@ -104,30 +104,20 @@ def _swa_spec_page_table_kernel(
         tl.store(err_ptr + m * num_col_progs + col_prog, tl.sum(bad, axis=0))
 
 
-register_xpu_compile(
-    _swa_spec_page_table_kernel,
-    "i32,mapping,validate",
-    dict(
-        dst_ptr="*i32", stride_dst_row="i64", stride_dst_col="i32", dst_width="i32",
-        a_ptr="*i32", stride_a_row="i64", stride_a_col="i32", a_width="i32",
-        b_ptr="*i32", stride_b_row="i64", stride_b_col="i32", b_width="i32",
-        seq_len_a_ptr="*i32", seq_len_b_ptr="*i32", seq_start_a_ptr="*i32", num_draft_tokens="i32",
-        full_to_swa_ptr="*i64", mapping_len="i64", err_ptr="*i32", swa_pool_size="i64",
-        LEN_A_PER_ROW=False, HAS_START=True, START_PER_ROW=True, HAS_MAPPING=True, VALIDATE=True, BLOCK=1024,
-    ),
-    num_warps=4,
+_SWA_SPEC_I32 = dict(
+    dst_ptr="*i32", stride_dst_row="i64", stride_dst_col="i32", dst_width="i32",
+    a_ptr="*i32", stride_a_row="i64", stride_a_col="i32", a_width="i32",
+    b_ptr="*i32", stride_b_row="i64", stride_b_col="i32", b_width="i32",
+    seq_len_a_ptr="*i32", seq_len_b_ptr="*i32", seq_start_a_ptr="*i32", num_draft_tokens="i32",
+    full_to_swa_ptr="*i64", mapping_len="i64", err_ptr="*i32", swa_pool_size="i64",
+    LEN_A_PER_ROW=False, HAS_START=True, START_PER_ROW=True, HAS_MAPPING=True, VALIDATE=True, BLOCK=1024,
 )
+register_xpu_compile(_swa_spec_page_table_kernel, "i32,mapping,validate", _SWA_SPEC_I32, num_warps=4)
 register_xpu_compile(
     _swa_spec_page_table_kernel,
     "i32,plain",
-    dict(
-        dst_ptr="*i32", stride_dst_row="i64", stride_dst_col="i32", dst_width="i32",
-        a_ptr="*i32", stride_a_row="i64", stride_a_col="i32", a_width="i32",
-        b_ptr="*i32", stride_b_row="i64", stride_b_col="i32", b_width="i32",
-        seq_len_a_ptr="*i32", seq_len_b_ptr="*i32", seq_start_a_ptr="*i32", num_draft_tokens="i32",
-        full_to_swa_ptr="*i32", mapping_len="i64", err_ptr="*i32", swa_pool_size="i64",
-        LEN_A_PER_ROW=False, HAS_START=False, START_PER_ROW=False, HAS_MAPPING=False, VALIDATE=False, BLOCK=128,
-    ),
+    {**_SWA_SPEC_I32, "full_to_swa_ptr": "*i32", "HAS_START": False, "START_PER_ROW": False, "HAS_MAPPING": False,
+     "VALIDATE": False, "BLOCK": 128},
     num_warps=4,
 )
 
