@@ -21,6 +21,7 @@ CONFIGS = [
     None,
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=16, num_warps=4, num_stages=1),  # tiled V channels
     dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=1),
+    dict(BLOCK_H=16, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=2, PREFETCH_PAGES=0),  # gather w/o prefetch
 ]
 
 
@@ -336,7 +337,9 @@ def test_mla_decode_rejects_bad_input(change, error, match):
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("splits", [1, -1])
 @pytest.mark.parametrize("q_len", [1, 2])
-def test_mla_decode_deepseek_bf16(heads, page_size, splits, q_len):
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_mla_decode_deepseek_bf16(heads, page_size, splits, q_len, prefetch):
     gen = torch.Generator().manual_seed(heads + page_size)
     case = _make_case(gen, 3, q_len, heads, 512, 64, page_size, 1500, torch.bfloat16, None, True, False)
-    _run_and_check(*case, torch.bfloat16, splits, sm_scale=192**-0.5)
+    config = None if prefetch else dict(PREFETCH_PAGES=0)  # the page-id prefetch of short pages on and off
+    _run_and_check(*case, torch.bfloat16, splits, sm_scale=192**-0.5, config=config)

@@ -364,7 +364,9 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
     programs = max(1, fields["w"] * _device.compute_units() // 4)
     if fields["q"] == "decode":
         batch = max(1, programs // _pa_kv_heads(fields))
-        return [dict(B=batch, L=8192 if batch <= 64 else 4096, q_len=1)]
+        # two lengths: the split policy (min_split_tokens, waves) that suits 8k keys alone starved
+        # 1k-key batches (H200: 2 splits of 512 keys where 8 of 128 ran 1.5x faster)
+        return [dict(B=batch, L=length, q_len=1) for length in (1024, 8192 if batch <= 64 else 4096)]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
 
 
@@ -486,5 +488,8 @@ TUNING_SPECS["mla_decode"] = TuningSpec(
         for bn in (32, 64)
         for w in ((4, 8) if bh >= 32 else (4,))
     ],
-    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)],
+    # gather buckets: also the kernel without the one-tile-ahead page-id prefetch (the prefetch
+    # adds a pipeline stage's worth of shared memory)
+    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)]
+    + ([dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if f["kv"] == "gather" else []),
 )
