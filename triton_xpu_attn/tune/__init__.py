@@ -364,9 +364,12 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
     programs = max(1, fields["w"] * _device.compute_units() // 4)
     if fields["q"] == "decode":
         batch = max(1, programs // _pa_kv_heads(fields))
-        # two lengths: the split policy (min_split_tokens, waves) that suits 8k keys alone starved
-        # 1k-key batches (H200: 2 splits of 512 keys where 8 of 128 ran 1.5x faster)
-        return [dict(B=batch, L=length, q_len=1) for length in (1024, 8192 if batch <= 64 else 4096)]
+        # small batches split the keys: two lengths, since the split policy (min_split_tokens,
+        # waves) that suits 8k keys alone starved 1k-key batches (H200: 2 splits of 512 keys where
+        # 8 of 128 ran 1.5x faster). Full batches barely split: long keys, where the tile matters
+        # (H100, D=64: tiles picked at 1k/4k keys ran 0.76-0.86x the heuristic at 8k/32k)
+        lengths = (1024, 8192) if fields["w"] <= 4 else (8192,)
+        return [dict(B=batch, L=length, q_len=1) for length in lengths]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
 
 
