@@ -183,6 +183,30 @@ def summary_markdown(folder) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_missing_tables(folder) -> list[pathlib.Path]:
+    """``<op>.md`` for every op whose CSV and JSON are in ``folder`` but whose table is not (a
+    results folder fetched from a machine that returns few files): title, the run's header line,
+    command and summary from the JSON, every CSV column as the table."""
+    from bench.common import markdown_table
+
+    written = []
+    for op, res in load_results(folder).items():
+        path = pathlib.Path(folder) / f"{op}.md"
+        if path.exists():
+            continue
+        m = res["meta"]
+        head = (f"device {m['device']} ({m['compute_units']} compute units, {m['backend']}) | torch {m['torch']} | "
+                f"triton {m['triton']} | copy roofline {m['copy_gbs']:.0f} GB/s | matmul {m['matmul_tflops']:.3g} TFLOP/s | "
+                f"{m['date']}")
+        text = f"# {m['title']}\n\n{head}\n\ncommand: `{m['command']}`\n\n" + markdown_table(res["rows"])
+        if m.get("summary"):
+            text += "\n" + "\n".join(f"- {line}" for line in m["summary"]) + "\n"
+        path.write_text(text)
+        written.append(path)
+        print(f"wrote {path}")
+    return written
+
+
 def write_summary(folder) -> pathlib.Path:
     path = pathlib.Path(folder) / "summary.md"
     path.write_text(summary_markdown(folder))

@@ -46,6 +46,7 @@ def plot_only(folder: str) -> int:
     if not folder.is_dir():
         print(f"--plot-only: {folder} is not a folder", file=sys.stderr)
         return 2
+    report.write_missing_tables(folder)
     picture = report.plot_roofline(folder)
     report.write_summary(folder)  # after the picture, so the summary links it
     return 0 if picture is not None else 1
