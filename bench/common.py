@@ -185,7 +185,19 @@ def header(info: dict | None = None) -> str:
     info = info or describe()
     return (f"device {info['device']} ({info['compute_units']} compute units, {info['backend']}) | torch {info['torch']} | "
             f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | "
-            f"{'bf16' if on_gpu() else 'fp32'} matmul {info['matmul_tflops']:.3g} TFLOP/s | {info['date']}")
+            f"{'bf16' if info['backend'] in ('cuda', 'xpu') else 'fp32'} matmul {info['matmul_tflops']:.3g} TFLOP/s | "
+            f"{info['date']}")
+
+
+def op_markdown(title: str, info: dict, command: str, table: str, notes: str = "", summary: list[str] | None = None) -> str:
+    """An op's ``<op>.md``: title, the run's header line, command, notes, table, summary lines."""
+    text = f"# {title}\n\n{header(info)}\n\ncommand: `{command}`\n\n"
+    if notes:
+        text += notes.strip() + "\n\n"
+    text += table
+    if summary:
+        text += "\n" + "\n".join(f"- {s}" for s in summary) + "\n"
+    return text
 
 
 def free_memory() -> None:
@@ -289,13 +301,9 @@ def write_results(op: str, rows: list[dict], *, out=None, quick: bool = False, t
         w.writerows(rows)
     command = command_line()
     summary = summary or []
-    with open(folder / f"{op}.md", "w") as f:
-        f.write(f"# {title or op}\n\n{header(info)}\n\ncommand: `{command}`\n\n")
-        if notes:
-            f.write(notes.strip() + "\n\n")
-        f.write(table if table is not None else markdown_table(rows))
-        if summary:
-            f.write("\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+    (folder / f"{op}.md").write_text(
+        op_markdown(title or op, info, command, table if table is not None else markdown_table(rows), notes, summary)
+    )
     headline_kw = headline_kw or {}
     meta = dict(op=op, title=title or op, quick=quick, command=command, summary=summary, **info, headline_kw=headline_kw,
                 headline=headline(rows, info["copy_gbs"], info["matmul_tflops"], **headline_kw))

@@ -187,7 +187,7 @@ def write_missing_tables(folder) -> list[pathlib.Path]:
     """``<op>.md`` for every op whose CSV and JSON are in ``folder`` but whose table is not (a
     results folder fetched from a machine that returns few files): title, the run's header line,
     command and summary from the JSON, every CSV column as the table."""
-    from bench.common import markdown_table
+    from bench.common import markdown_table, op_markdown
 
     written = []
     for op, res in load_results(folder).items():
@@ -195,12 +195,7 @@ def write_missing_tables(folder) -> list[pathlib.Path]:
         if path.exists():
             continue
         m = res["meta"]
-        head = (f"device {m['device']} ({m['compute_units']} compute units, {m['backend']}) | torch {m['torch']} | "
-                f"triton {m['triton']} | copy roofline {m['copy_gbs']:.0f} GB/s | matmul {m['matmul_tflops']:.3g} TFLOP/s | "
-                f"{m['date']}")
-        text = f"# {m['title']}\n\n{head}\n\ncommand: `{m['command']}`\n\n" + markdown_table(res["rows"])
-        if m.get("summary"):
-            text += "\n" + "\n".join(f"- {line}" for line in m["summary"]) + "\n"
+        text = op_markdown(m["title"], m, m["command"], markdown_table(res["rows"]), summary=m.get("summary"))
         path.write_text(text)
         written.append(path)
         print(f"wrote {path}")
