@@ -60,6 +60,18 @@ def _request_geometry(q_len, seq_len, chunk):
 
 
 @triton.jit
+def _virtual_batch_counts(query_start_loc_ptr, seq_lens_ptr, b, batch, chunk):
+    """Virtual batches of requests ``b`` (a block of indices; 0 outside ``[0, batch)``) and the
+    in-range mask: the per-request count both the count kernel and the fused fill use."""
+    inside = b < batch
+    q0 = tl.load(query_start_loc_ptr + b, mask=inside, other=0).to(tl.int64)
+    q1 = tl.load(query_start_loc_ptr + b + 1, mask=inside, other=0).to(tl.int64)
+    s = tl.load(seq_lens_ptr + b, mask=inside, other=0).to(tl.int64)
+    _, _, nblk, _ = _request_geometry(q1 - q0, s, chunk)
+    return tl.where(inside, nblk, 0), inside
+
+
+@triton.jit
 def _local_vb_count_kernel(
     query_start_loc_ptr,  # [B+1] int32/int64
     seq_lens_ptr,  # [B] int32/int64
@@ -74,12 +86,7 @@ def _local_vb_count_kernel(
     carry = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int64), axis=0)
     for start in range(0, batch, BLOCK_B):
         b = start + offs
-        inside = b < batch
-        q0 = tl.load(query_start_loc_ptr + b, mask=inside, other=0).to(tl.int64)
-        q1 = tl.load(query_start_loc_ptr + b + 1, mask=inside, other=0).to(tl.int64)
-        s = tl.load(seq_lens_ptr + b, mask=inside, other=0).to(tl.int64)
-        _, _, nblk, _ = _request_geometry(q1 - q0, s, chunk)
-        nblk = tl.where(inside, nblk, 0)
+        nblk, inside = _virtual_batch_counts(query_start_loc_ptr, seq_lens_ptr, b, batch, chunk)
         inclusive = tl.cumsum(nblk, axis=0) + carry
         tl.store(cu_nblk_ptr + 1 + b, inclusive.to(tl.int32), mask=inside)
         carry += tl.sum(nblk, axis=0)
@@ -119,12 +126,7 @@ def _local_vb_fill_kernel(
     v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     if FUSED_COUNT:
         r = tl.arange(0, BLOCK_B)
-        inside = r < batch
-        r0 = tl.load(query_start_loc_ptr + r, mask=inside, other=0).to(tl.int64)
-        r1 = tl.load(query_start_loc_ptr + r + 1, mask=inside, other=0).to(tl.int64)
-        rs = tl.load(seq_lens_ptr + r, mask=inside, other=0).to(tl.int64)
-        _, _, nblk_r, _ = _request_geometry(r1 - r0, rs, chunk)
-        nblk_r = tl.where(inside, nblk_r, 0)
+        nblk_r, inside = _virtual_batch_counts(query_start_loc_ptr, seq_lens_ptr, r, batch, chunk)
         inclusive = tl.cumsum(nblk_r, axis=0)
         total = tl.sum(nblk_r, axis=0)
         # requests wholly before v: their count is v's request, their virtual batches precede v's

@@ -158,7 +158,8 @@ def _mla_decode_kernel(
     if PAGE_SIZE < BLOCK_N and PREFETCH_PAGES:
         # short pages: the page ids of a tile are loaded one iteration ahead, so the KV gather of a
         # tile never waits on the page-table read that addresses it
-        next_pages = tl.load(pt_row + (lo + tl.arange(0, BLOCK_N)) // PAGE_SIZE, mask=lo + tl.arange(0, BLOCK_N) < hi, other=0)
+        first = lo + tl.arange(0, BLOCK_N)
+        next_pages = tl.load(pt_row + first // PAGE_SIZE, mask=first < hi, other=0)
 
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -253,9 +254,12 @@ _register_compile_variants()
 
 #: combined-q widths whose latent/rope split is known (DeepSeek 512 + 64; sglang's 256 + 32)
 _KNOWN_SPLITS = {576: 512, 288: 256}
-#: an automatic split never covers fewer keys than this, nor exceeds this many splits
-_MIN_SPLIT_TOKENS = 128
-_MAX_AUTO_SPLITS = 64
+#: an automatic split never covers fewer keys than this, nor exceeds this many splits (H200
+#: sweep with the sliced combine: one request wants one 64-key tile per split, up to 128
+#: splits at H=16 (B=1, L=1k-16k: 1.15-1.22x over 128-key splits capped at 64); a batch fills
+#: the device first and never reaches these bounds)
+_MIN_SPLIT_TOKENS = 64
+_MAX_AUTO_SPLITS = 128
 #: automatic splits are computed on the length rounded up to this (the largest page size), so
 #: the page-table width of decode and the max_seq_len of the workspace query give the same count
 _LENGTH_QUANTUM = 256
@@ -268,7 +272,7 @@ def _align(n: int) -> int:
 
 def _auto_splits(batch: int, rows: int, max_len: int, compute_units: int) -> int:
     """KV splits that fill the device: ``compute_units x programs-per-unit`` slots over the
-    ``batch x head-blocks`` programs, at most ``max_len / 128`` splits and 64. Non-decreasing in
+    ``batch x head-blocks`` programs, at most ``max_len / 64`` splits and 128. Non-decreasing in
     ``max_len``, so a workspace sized for a longer bound is always large enough."""
     length = cdiv(max(max_len, 1), _LENGTH_QUANTUM) * _LENGTH_QUANTUM
     head_blocks = cdiv(rows, 64)

@@ -342,9 +342,11 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
         BLOCK_M=64,  # query rows (token x head) of a prefill tile
         num_warps=4,
         num_stages=2,
-        min_split_tokens=256,  # a split covers at least this many keys
+        # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
+        # at 32k keys runs 1.18x faster on 128 splits than on 64; 32/8/128 at 1k 1.2x on 8 than 4)
+        min_split_tokens=128,
         waves=2,  # aim for this many programs per compute unit when splitting
-        max_splits=64,
+        max_splits=128,
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
 
