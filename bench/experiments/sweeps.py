@@ -1,0 +1,138 @@
+"""Sweeps behind the split-combine and split-count choices (GPU only; outputs in
+``bench/results/<device>/experiments/``). Every time: median of device-graph replays
+(``bench.common.graph_ms``), in microseconds.
+
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import triton_xpu_attn as ours  # noqa: E402
+from bench.common import graph_ms  # noqa: E402
+from triton_xpu_attn import device as _device  # noqa: E402
+from triton_xpu_attn import tune  # noqa: E402
+from triton_xpu_attn._common import next_power_of_2  # noqa: E402
+from triton_xpu_attn.ops import merge_state, mla_decode, paged_attention  # noqa: E402
+
+DEV = "cuda"
+
+
+def us(fn) -> float:
+    return graph_ms(fn, warmup=10, rep=50) * 1e3
+
+
+def paged_case(Hq, Hkv, D, B, L, P, q_len=1):
+    n = L // P
+    k = torch.randn(B * n + 1, P, Hkv, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    table = torch.randperm(B * n + 1, device=DEV)[: B * n].view(B, n).int()
+    q = torch.randn(B, q_len, Hq, D, device=DEV, dtype=torch.bfloat16)
+    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+    return lambda **kw: ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, causal=True, **kw)
+
+
+def mla_case(B, H, L, P):
+    n = L // P
+    cache = torch.randn(B * n + 1, P, 576, device=DEV, dtype=torch.bfloat16)
+    table = torch.randperm(B * n + 1, device=DEV)[: B * n].view(B, n).int()
+    q_nope = torch.randn(B, H, 512, device=DEV, dtype=torch.bfloat16)
+    q_pe = torch.randn(B, H, 64, device=DEV, dtype=torch.bfloat16)
+    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+
+    def run(splits):
+        ws = torch.empty(max(ours.flash_mla_get_workspace_size(L, B, H, P, splits), 16), dtype=torch.uint8, device=DEV)
+        return lambda: ours.flash_mla_decode(q_nope, q_pe, cache, lens, table, ws, 576**-0.5, splits)
+    return run
+
+
+def ceiling():
+    """What the split combine costs inside a whole call: with it vs with it skipped."""
+    real = merge_state.combine_splits
+    for Hq, Hkv, D, B, L in [(32, 8, 128, 1, 1024), (32, 8, 128, 1, 8192), (8, 1, 128, 1, 8192), (8, 1, 128, 16, 8192)]:
+        run = paged_case(Hq, Hkv, D, B, L, 64)
+        full = us(run)
+        paged_attention.combine_splits = lambda *a, **k: None
+        alone = us(run)
+        paged_attention.combine_splits = real
+        print(f"PA {Hq}/{Hkv}/{D} B={B} L={L}: {full:.1f} us, without the combine {alone:.1f}")
+    for B, H, L in [(1, 16, 1024), (1, 16, 4096), (1, 128, 4096)]:
+        run = mla_case(B, H, L, 64)(-1)
+        full = us(run)
+        mla_decode.combine_splits = lambda *a, **k: None
+        alone = us(run)
+        mla_decode.combine_splits = real
+        print(f"MLA B={B} H={H} L={L}: {full:.1f} us, without the combine {alone:.1f}")
+
+
+def combine():
+    """The combine alone per (V slice cap, tile floats, warps); 'current' = merge_state.combine_tiling."""
+    shapes = [(1, 32, 4, 128), (1, 32, 32, 128), (1, 8, 64, 128), (16, 8, 32, 128), (1, 32, 64, 128),
+              (1, 16, 8, 512), (1, 16, 32, 512), (1, 16, 64, 512), (1, 128, 16, 512), (1, 128, 32, 512),
+              (1, 128, 64, 512), (16, 16, 16, 512), (64, 16, 4, 512), (16, 128, 4, 512), (128, 16, 2, 512)]
+    variants = list(itertools.product((64, 128, 512), (1024, 2048, 4096), (1, 2, 4)))
+    current = merge_state.combine_tiling
+    times = {}
+    for n, h, s, dv in shapes:
+        po, pl = torch.randn(n, h, s, dv, device=DEV), torch.randn(n, h, s, device=DEV)
+        out, lse = torch.empty(n, h, dv, device=DEV, dtype=torch.bfloat16), torch.empty(n, h, device=DEV)
+        run = lambda: merge_state.combine_splits(po, pl, out, lse)  # noqa: E731
+        times[(n, h, s, dv, "current")] = us(run)
+        for cap, tile, warps in variants:
+            block_dv = min(cap, next_power_of_2(dv))
+            merge_state.combine_tiling = lambda rows, splits, width, units: (
+                block_dv, min(next_power_of_2(splits), max(1, tile // block_dv)), warps)
+            times[(n, h, s, dv, (cap, tile, warps))] = us(run)
+            merge_state.combine_tiling = current
+        row = {k[4]: t for k, t in times.items() if k[:4] == (n, h, s, dv)}
+        best = min(row, key=row.get)
+        print(f"n={n} h={h} S={s} dv={dv}: current {row['current']:.2f} | whole V, 4096, 4 warps "
+              f"{row[(512, 4096, 4)]:.2f} | best {best} {row[best]:.2f}", flush=True)
+    for v in ["current", *variants]:
+        vals = [t for k, t in times.items() if k[4] == v]
+        print("geomean", v, f"{math.exp(sum(map(math.log, vals)) / len(vals)):.2f}")
+
+
+def splits():
+    """Split counts: MLA automatic vs 1/4..2x of it; paged attention num_splits=0 (auto) vs fixed."""
+    units = _device.compute_units(torch.device(DEV))
+    for H, B, L, P in itertools.product((16, 128), (1, 16), (1024, 4096, 16384), (64, 1)):
+        run = mla_case(B, H, L, P)
+        auto = mla_decode._auto_splits(B, H, L, units)
+        res = {s: us(run(s)) for s in sorted({max(1, auto // 4), max(1, auto // 2), auto, min(auto * 2, 128), 1})}
+        best = min(res, key=res.get)
+        print(f"MLA {B} {H} {L} {P} | auto={auto} {res[auto]:.1f} | best={best} {res[best]:.1f} | "
+              + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
+    for (Hq, Hkv, D), B, L in itertools.product([(32, 8, 128), (8, 1, 128), (32, 8, 64)], (1, 16), (1024, 8192, 32768)):
+        run = paged_case(Hq, Hkv, D, B, L, 64)
+        with tune.override("paged_attention", {}):
+            heuristic = us(run)
+        res = {s: us(lambda: run(num_splits=s)) for s in (0, 4, 8, 16, 32, 64, 128)}
+        best = min(res, key=res.get)
+        print(f"PA {Hq}/{Hkv}/{D} {B} {L} 64 | heur {heuristic:.1f} | auto {res[0]:.1f} | best={best} {res[best]:.1f} | "
+              + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
+
+
+def q4():
+    """q_len 4 vs decode on the same KV over BLOCK_N x warps x stages."""
+    for Hq, Hkv, D, B, L, P in [(64, 8, 128, 64, 8192, 16), (32, 8, 128, 64, 8192, 16), (8, 1, 128, 64, 32768, 64)]:
+        for q_len in (1, 4):
+            run = paged_case(Hq, Hkv, D, B, L, P, q_len)
+            res = {"default": us(run)}
+            for bn, w, st in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
+                with tune.override("paged_attention", dict(BLOCK_N=bn, num_warps=w, num_stages=st)):
+                    res[(bn, w, st)] = us(run)
+            top = sorted((round(t, 1), str(c)) for c, t in res.items())[:5]
+            print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P} q_len={q_len}: default {res['default']:.1f} | top5 {top}", flush=True)
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name())
+    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4}[sys.argv[1]]()
