@@ -602,12 +602,15 @@ def flash_attn_with_kvcache(
     compute_units = _device.compute_units(device)
     _, programs_guess, _ = query_tiling(64)
     work = tune.work_bucket(programs_guess * num_kv_heads * num_head_blocks, compute_units)
+    # bucket family: one query per request, a few (drafts: their own tiles), or query-tiled prefill
+    q_kind = ("decode" if max_q == 1 else "draft") if decode_like else "prefill"
     config = tune.lookup(
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
-             q="decode" if decode_like else "prefill", w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
+             q=q_kind, w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
         _heuristic_config(decode_like, head_dim, work),
         device=device,
+        fallback={"q": "decode"} if q_kind == "draft" else None,  # files tuned before drafts had buckets
     )
     block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 

@@ -72,11 +72,13 @@ def clear_cache() -> None:
     _MEMO.clear()
 
 
-def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
+def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dict | None = None) -> dict:
     """Config for ``op`` at the bucket ``fields``: user file, shipped file, else ``heuristic``.
 
     Entries of a file config override the heuristic's keys (a file may tune only some knobs).
-    Results are memoised per (op, bucket, device): this runs on every launch.
+    ``fallback`` (field overrides, e.g. ``{"q": "decode"}``) names a related bucket family to use
+    from a file that has no bucket of ``fields``' own text values (a file tuned before that family
+    existed). Results are memoised per (op, bucket, device): this runs on every launch.
     """
     forced = _OVERRIDES.get(op)
     if forced is not None:
@@ -85,10 +87,11 @@ def lookup(op: str, fields: dict, heuristic: dict, *, device=None) -> dict:
     index = None
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         index = device.index
-    memo_key = (op, tuple(sorted(fields.items())), tuple(sorted(heuristic.items())), index)
+    memo_key = (op, tuple(sorted(fields.items())), tuple(sorted(heuristic.items())), index,
+                tuple(sorted((fallback or {}).items())))
     hit = _MEMO.get(memo_key)
     if hit is None:
-        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device)
+        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device, fallback)
     LAST_SOURCE[op] = hit[1]
     return dict(hit[0])
 
@@ -143,21 +146,23 @@ def nearest_bucket(table: dict, fields: dict) -> str | None:
     return best
 
 
-def _lookup(op: str, fields: dict, heuristic: dict, device) -> tuple[dict, str]:
+def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | None = None) -> tuple[dict, str]:
     backend = _device.backend()
     if backend != "interpreter":
         key = _device.device_key(device)
-        bucket = bucket_key(fields)
+        wanted = [fields] + ([{**fields, **fallback}] if fallback else [])
         for kind, path in config_file_candidates(backend, key):
             data = _load(str(path))
             if not data:
                 continue
             table = data.get("ops", {}).get(op, {})
-            if bucket in table:
-                return {**heuristic, **table[bucket]}, f"{kind}:{path.name}"
-            near = nearest_bucket(table, fields)
-            if near is not None:
-                return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
+            for want in wanted:
+                bucket = bucket_key(want)
+                if bucket in table:
+                    return {**heuristic, **table[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
+                near = nearest_bucket(table, want)
+                if near is not None:
+                    return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
             if "default" in table:
                 return {**heuristic, **table["default"]}, f"{kind}:{path.name} (default)"
     return dict(heuristic), "heuristic"
@@ -359,7 +364,11 @@ def _pa_buckets(quick: bool) -> list[dict]:
     shapes = [(128, 4), (128, 8), (64, 4)]  # (head dim, group): 32/8/128, 8/1 and 64/8, 32/8/64
     pages = [1, 16, 64] if quick else [1, 16, 64, 128]
     works = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
-    out = [dict(d=d, dv=d, g=g, p=p, q="decode", w=w, dtype="bfloat16") for d, g in shapes for p in pages for w in works]
+    # "draft": decode-like launches of 2..16 queries per request (speculative drafts, MTP); their
+    # (token x head) tiles are larger than decode's and want other tiles (H200, q_len 4, 64/8/128,
+    # B=64, L=8k, page 16: 821 us on the decode config, 613 on 128-key tiles with 3 stages)
+    out = [dict(d=d, dv=d, g=g, p=p, q=q, w=w, dtype="bfloat16")
+           for q in ("decode", "draft") for d, g in shapes for p in pages for w in works]
     if not quick:
         out += [dict(d=128, dv=128, g=4, p=p, q="prefill", w=w, dtype="bfloat16") for p in (16, 64) for w in (4, 32)]
     return out
@@ -372,14 +381,14 @@ def _pa_kv_heads(fields: dict) -> int:
 def _pa_problems(fields: dict, quick: bool) -> list[dict]:
     # a batch whose launch lands in the bucket's work class on this device
     programs = max(1, fields["w"] * _device.compute_units() // 4)
-    if fields["q"] == "decode":
+    if fields["q"] in ("decode", "draft"):
         batch = max(1, programs // _pa_kv_heads(fields))
         # small batches split the keys: two lengths, since the split policy (min_split_tokens,
         # waves) that suits 8k keys alone starved 1k-key batches (H200: 2 splits of 512 keys where
         # 8 of 128 ran 1.5x faster). Full batches barely split: long keys, where the tile matters
         # (H100, D=64: tiles picked at 1k/4k keys ran 0.76-0.86x the heuristic at 8k/32k)
         lengths = (1024, 8192) if fields["w"] <= 4 else (8192,)
-        return [dict(B=batch, L=length, q_len=1) for length in lengths]
+        return [dict(B=batch, L=length, q_len=1 if fields["q"] == "decode" else 4) for length in lengths]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
 
 

@@ -1,0 +1,92 @@
+"""Config lookup (user file, shipped file, nearest bucket, fallback family, heuristic) and the
+bucket family the paged-attention launcher asks for. Runs anywhere: file lookups are exercised
+with the backend and device key stubbed, the launcher's request is recorded, not timed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from triton_xpu_attn import flash_attn_with_kvcache, tune
+from triton_xpu_attn.ops import paged_attention as pa_mod
+
+HEURISTIC = dict(BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def _fields(q="decode", w=4, p=16):
+    return dict(d=128, dv=128, g=4, p=p, q=q, w=w, dtype="bfloat16")
+
+
+@pytest.fixture
+def config_file(tmp_path, monkeypatch):
+    """Write ``table`` as the user config file of a fake CUDA device; lookups read it."""
+    monkeypatch.setenv(tune.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(tune._device, "backend", lambda: "cuda")
+    monkeypatch.setattr(tune._device, "device_key", lambda device=None: "FAKE_GPU")
+    monkeypatch.setattr(tune, "_SHIPPED_DIRS", ())
+
+    def write(table: dict) -> None:
+        folder = tmp_path / "cuda"
+        folder.mkdir(exist_ok=True)
+        (folder / "FAKE_GPU.json").write_text(json.dumps({"ops": {"paged_attention": table}}))
+        tune.clear_cache()
+
+    yield write
+    tune.clear_cache()
+
+
+def test_exact_bucket_overrides_only_its_keys(config_file):
+    config_file({tune.bucket_key(_fields()): {"BLOCK_N": 128}})
+    got = tune.lookup("paged_attention", _fields(), HEURISTIC)
+    assert got == {**HEURISTIC, "BLOCK_N": 128}
+    assert tune.LAST_SOURCE["paged_attention"] == "user:FAKE_GPU.json"
+
+
+def test_nearest_bucket_needs_equal_text_fields(config_file):
+    config_file({tune.bucket_key(_fields(w=16)): {"BLOCK_N": 32}})
+    assert tune.lookup("paged_attention", _fields(w=4), HEURISTIC)["BLOCK_N"] == 32  # numeric: nearest
+    assert tune.lookup("paged_attention", _fields(q="prefill"), HEURISTIC) == HEURISTIC  # text differs
+
+
+def test_fallback_family_used_only_without_own_buckets(config_file):
+    decode, draft = _fields(q="decode"), _fields(q="draft")
+    config_file({tune.bucket_key(decode): {"BLOCK_N": 128}})
+    # a file tuned before drafts had buckets: drafts take the decode entry, not the heuristic
+    got = tune.lookup("paged_attention", draft, HEURISTIC, fallback={"q": "decode"})
+    assert got["BLOCK_N"] == 128
+    assert "(as " in tune.LAST_SOURCE["paged_attention"]
+    assert tune.lookup("paged_attention", draft, HEURISTIC) == HEURISTIC  # no fallback asked: heuristic
+    # once the file has draft buckets, they win over the fallback (even a nearest one)
+    config_file({tune.bucket_key(decode): {"BLOCK_N": 128}, tune.bucket_key(_fields(q="draft", w=16)): {"num_stages": 3}})
+    got = tune.lookup("paged_attention", draft, HEURISTIC, fallback={"q": "decode"})
+    assert got == {**HEURISTIC, "num_stages": 3}
+
+
+@pytest.mark.parametrize("q_len,family", [(1, "decode"), (4, "draft"), (16, "draft"), (32, "prefill")])
+def test_launcher_bucket_family(monkeypatch, q_len, family):
+    asked = []
+    real = tune.lookup
+
+    def recording(op, fields, heuristic, **kw):
+        if op == "paged_attention":
+            asked.append((fields["q"], kw.get("fallback")))
+        return real(op, fields, heuristic, **kw)
+
+    monkeypatch.setattr(pa_mod.tune, "lookup", recording)
+    B, P, Hkv, D = 2, 16, 1, 64
+    k = torch.randn(B * 4, P, Hkv, D, device=DEVICE, dtype=torch.float16)
+    table = torch.arange(B * 4, device=DEVICE, dtype=torch.int32).view(B, 4)
+    q = torch.randn(B, q_len, 4, D, device=DEVICE, dtype=torch.float16)
+    lens = torch.full((B,), 64, device=DEVICE, dtype=torch.int32)
+    flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, page_table=table, causal=True)
+    assert asked == [(family, {"q": "decode"} if family == "draft" else None)]
+
+
+def test_tuner_covers_drafts_at_four_queries():
+    buckets = tune.TUNING_SPECS["paged_attention"].buckets(True)
+    drafts = [b for b in buckets if b["q"] == "draft"]
+    assert drafts and len(drafts) == len([b for b in buckets if b["q"] == "decode"])
+    problems = tune.TUNING_SPECS["paged_attention"].problems(drafts[0], True)
+    assert problems and all(p["q_len"] == 4 for p in problems)
