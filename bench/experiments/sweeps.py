@@ -16,6 +16,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import triton_xpu_attn as ours  # noqa: E402
+from bench import bench_mla_decode as bench_mla  # noqa: E402
+from bench import bench_paged_attention as bench_paged  # noqa: E402
 from bench.common import graph_ms  # noqa: E402
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
@@ -30,22 +32,15 @@ def us(fn) -> float:
 
 
 def paged_case(Hq, Hkv, D, B, L, P, q_len=1):
-    n = L // P
-    k = torch.randn(B * n + 1, P, Hkv, D, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    table = torch.randperm(B * n + 1, device=DEV)[: B * n].view(B, n).int()
-    q = torch.randn(B, q_len, Hq, D, device=DEV, dtype=torch.bfloat16)
-    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
-    return lambda **kw: ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, causal=True, **kw)
+    """``run(**options)`` -> our call on the paged benchmark's case (options: e.g. num_splits)."""
+    case = bench_paged.make_case(B, Hq, Hkv, D, L, P, DEV)
+    return lambda **options: bench_paged.run_ours(case, D**-0.5, q_len, **options)()
 
 
 def mla_case(B, H, L, P):
-    n = L // P
-    cache = torch.randn(B * n + 1, P, 576, device=DEV, dtype=torch.bfloat16)
-    table = torch.randperm(B * n + 1, device=DEV)[: B * n].view(B, n).int()
-    q_nope = torch.randn(B, H, 512, device=DEV, dtype=torch.bfloat16)
-    q_pe = torch.randn(B, H, 64, device=DEV, dtype=torch.bfloat16)
-    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+    """``run(splits)`` -> a callable of our call on the MLA benchmark's case with that many splits."""
+    cache, q, table, _, lens = bench_mla.make_case(B, H, L, P, DEV, torch.bfloat16)
+    q_nope, q_pe = q[..., : bench_mla.R].contiguous(), q[..., bench_mla.R:].contiguous()
 
     def run(splits):
         ws = torch.empty(max(ours.flash_mla_get_workspace_size(L, B, H, P, splits), 16), dtype=torch.uint8, device=DEV)
