@@ -166,6 +166,7 @@ def combine_splits(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    compute_units: int | None = None,
 ) -> None:
     """Merge split-KV partial results in a fixed order (internal; no argument checks).
 
@@ -173,11 +174,14 @@ def combine_splits(
     output and natural-log LSE; an empty split must hold LSE ``-inf``). Writes ``out [N, H, Dv]``
     (any strides, last dim contiguous) and, when given, ``lse [N, H]`` (any strides, e.g. the
     transpose of an ``[H, N]`` tensor). ``sinks [H]`` join every row's denominator.
+    ``compute_units``: the device's, when the caller already has it (else looked up).
     """
     n, h, s, dv = partial_out.shape
     if n == 0 or h == 0:
         return
-    block_dv, split_block, num_warps = combine_tiling(n * h, s, dv, _device.compute_units(out.device))
+    if compute_units is None:
+        compute_units = _device.compute_units(out.device)
+    block_dv, split_block, num_warps = combine_tiling(n * h, s, dv, compute_units)
     with device_guard(out.device):
         _combine_splits_kernel[(n, h, cdiv(dv, block_dv))](
             partial_out, partial_lse,

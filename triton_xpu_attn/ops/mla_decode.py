@@ -539,8 +539,9 @@ def flash_mla_decode(
     lse = torch.empty(lead, dtype=torch.float32, device=device) if return_lse else None
     rows = q_len * num_heads
     max_pages = page_table.shape[1]
+    compute_units = _device.compute_units(device)
     if num_kv_splits <= 0:
-        splits = _auto_splits(batch, rows, max_pages * page_size, _device.compute_units(device))
+        splits = _auto_splits(batch, rows, max_pages * page_size, compute_units)
     else:
         splits = num_kv_splits
     _, lse_offset, need = _workspace_layout(batch * q_len, num_heads, splits, R)
@@ -559,7 +560,7 @@ def flash_mla_decode(
         return (out, lse) if return_lse else out
 
     # work bucket: programs at the smallest (16-row) tile against the device's compute units
-    work = tune.work_bucket(batch * cdiv(rows, 16), _device.compute_units(device))
+    work = tune.work_bucket(batch * cdiv(rows, 16), compute_units)
     # kv: "gather" when pages are shorter than a key tile (per-token addressing), else "page";
     # the two want different tiles (H200: P=64-tuned tiles ran 0.7x the heuristic at P=1)
     fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "w": work, "kv": "gather" if page_size < 16 else "page",
@@ -614,5 +615,5 @@ def flash_mla_decode(
             **tune.launch_options(config),
         )
         if splits > 1:
-            combine_splits(target, target_lse, out_n, lse_n)
+            combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units)
     return (out, lse) if return_lse else out

@@ -676,5 +676,5 @@ def flash_attn_with_kvcache(
             **tune.launch_options(config),
         )
         if split_kv:
-            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks)
+            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
     return (out, lse) if return_softmax_lse else out
