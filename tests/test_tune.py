@@ -90,3 +90,23 @@ def test_tuner_covers_drafts_at_four_queries():
     assert drafts and len(drafts) == len([b for b in buckets if b["q"] == "decode"])
     problems = tune.TUNING_SPECS["paged_attention"].problems(drafts[0], True)
     assert problems and all(p["q_len"] == 4 for p in problems)
+
+
+def test_only_selects_buckets_by_any_of_several_values():
+    buckets = tune.TUNING_SPECS["paged_attention"].buckets(False)
+    chosen = tune.select_buckets(buckets, {"q": ("draft",), "g": ("8",), "p": ("1", "64")})
+    assert chosen, "the filter kept nothing"
+    assert {(b["q"], b["g"]) for b in chosen} == {("draft", 8)}
+    assert {b["p"] for b in chosen} == {1, 64}
+    expected = [b for b in buckets if b["q"] == "draft" and b["g"] == 8 and b["p"] in (1, 64)]
+    assert chosen == expected
+    # a single value given as text or int selects like a one-value tuple (no substring match: "1" is not "16")
+    assert tune.select_buckets(buckets, {"p": "1"}) == tune.select_buckets(buckets, {"p": 1}) == [b for b in buckets if b["p"] == 1]
+    assert tune.select_buckets(buckets, None) == buckets
+
+
+def test_only_parsing_rejects_malformed_items(capsys):
+    for bad in ("q", "=draft", "q="):
+        with pytest.raises(SystemExit):
+            tune.main(["--only", bad])
+        assert "expected FIELD=VALUE" in capsys.readouterr().err

@@ -10,6 +10,12 @@ from .. import device as _device
 from .._common import FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, next_power_of_2, register_xpu_compile
 
 
+@triton.jit
+def _sanitize_lse(lse):
+    """Non-finite LSEs mean an empty state: NaN and +inf (as sgl-kernel treats them) become -inf."""
+    lse = tl.where(lse == lse, lse, float("-inf"))
+    return tl.where(lse == float("inf"), float("-inf"), lse)
+
 
 @triton.jit
 def _lse_weights(lse, extra_logit, HAS_EXTRA: tl.constexpr):
@@ -19,8 +25,7 @@ def _lse_weights(lse, extra_logit, HAS_EXTRA: tl.constexpr):
     Returns ``(weights, denominator, merged_lse)``: merged output = sum(w * v) / denominator.
     An all-empty merge gives weights 0, denominator 1 and LSE -inf, so outputs become 0, not NaN.
     """
-    lse = tl.where(lse == lse, lse, float("-inf"))  # NaN -> empty
-    lse = tl.where(lse == float("inf"), float("-inf"), lse)  # +inf -> empty (as sgl-kernel does)
+    lse = _sanitize_lse(lse)
     m = tl.max(lse, axis=0)
     empty = m == float("-inf")
     if HAS_EXTRA:
@@ -79,8 +84,7 @@ def _combine_splits_kernel(
     for s0 in range(0, num_splits, SPLIT_BLOCK):
         s = s0 + tl.arange(0, SPLIT_BLOCK)
         lse_s = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
-        lse_s = tl.where(lse_s == lse_s, lse_s, float("-inf"))
-        lse_s = tl.where(lse_s == float("inf"), float("-inf"), lse_s)
+        lse_s = _sanitize_lse(lse_s)
         # weight relative to the merged LSE: exp(lse_s - merged) = w_s / denominator
         w_s = tl.exp2((lse_s - m_safe) * 1.4426950408889634)
         live = w_s > 0

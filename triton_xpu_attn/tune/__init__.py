@@ -259,6 +259,13 @@ def _measure(op: str, spec: TuningSpec, prepared: list, references: list, config
     return float(math.exp(sum(math.log(t) for t in times) / len(times)))
 
 
+def select_buckets(buckets: list[dict], only: dict | None) -> list[dict]:
+    """The buckets whose every field named in ``only`` ({field: value or values}) has one of the
+    given values (compared as text, as typed on the command line)."""
+    wanted = {k: {str(x) for x in ((v,) if isinstance(v, (str, int)) else v)} for k, v in (only or {}).items()}
+    return [f for f in buckets if all(str(f.get(k)) in values for k, values in wanted.items())]
+
+
 def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) -> pathlib.Path:
     import datetime
 
@@ -276,13 +283,18 @@ def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) ->
     result.update(
         device_name=_device.device_name(), device_key=key, backend=backend, triton_version=triton.__version__,
         torch_version=torch.__version__, date=datetime.date.today().isoformat(), measured_on_hardware=True,
-        tuned_with=f"python -m triton_xpu_attn.tune --ops {','.join(ops)}" + (" --quick" if quick else ""),
     )
+    # a file is often tuned in several runs (a quick pass, then some buckets in full): keep them all
+    command = f"python -m triton_xpu_attn.tune --ops {','.join(ops)}" + (" --quick" if quick else "") + "".join(
+        f" --only {k}={','.join(map(str, (v,) if isinstance(v, (str, int)) else v))}" for k, v in (only or {}).items())
+    history = result.get("tuned_with", [])
+    history = [history] if isinstance(history, str) else list(history)
+    result["tuned_with"] = history + [f"{datetime.date.today().isoformat()}: {command}"]
     result.setdefault("ops", {})
     result.setdefault("gain_over_heuristic", {})
     for op_index, op in enumerate(ops, 1):
         spec = TUNING_SPECS[op]
-        buckets = [f for f in spec.buckets(quick) if all(str(f.get(k)) == v for k, v in (only or {}).items())]
+        buckets = select_buckets(spec.buckets(quick), only)
         op_progress = progress.setdefault(op, {})
         for b_index, fields in enumerate(buckets, 1):
             bucket = bucket_key(fields)
@@ -338,11 +350,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triton_xpu_attn.tune", description="Tune kernel configs for this device.")
     parser.add_argument("--ops", default=",".join(TUNING_SPECS), help=f"comma-separated, from {', '.join(TUNING_SPECS)}")
     parser.add_argument("--quick", action="store_true", help="fewer buckets and candidates")
-    parser.add_argument("--only", action="append", default=[], metavar="FIELD=VALUE",
-                        help="tune only buckets with this field value (repeatable), e.g. --only kv=gather")
+    parser.add_argument("--only", action="append", default=[], metavar="FIELD=VALUE[,VALUE...]",
+                        help="tune only buckets with one of these field values (repeatable, all must hold), "
+                        "e.g. --only q=draft --only p=1,16,64")
     parser.add_argument("--out", default=os.environ.get(CONFIG_DIR_ENV) or str(_SHIPPED_DIRS[1]),
                         help="config folder (default: $%s, else the checkout's autotune_configs/)" % CONFIG_DIR_ENV)
     args = parser.parse_args(argv)
+    only = {}
+    for item in args.only:
+        field, sep, values = item.partition("=")
+        if not sep or not field or not values:
+            parser.error(f"--only {item!r}: expected FIELD=VALUE[,VALUE...]")
+        only[field] = tuple(values.split(","))
     if _device.backend() == "interpreter":
         print("The tuner needs a GPU: it refuses to run under the Triton interpreter (timings there are "
               "meaningless). Run it on an XPU or CUDA machine.", file=sys.stderr)
@@ -351,7 +370,6 @@ def main(argv=None) -> int:
     unknown = [o for o in ops if o not in TUNING_SPECS]
     if unknown:
         parser.error(f"unknown ops {unknown}; choose from {sorted(TUNING_SPECS)}")
-    only = dict(item.split("=", 1) for item in args.only)
     path = tune(ops, args.quick, args.out, only)
     print(f"wrote {path}")
     return 0
