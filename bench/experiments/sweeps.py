@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows
 """
 from __future__ import annotations
 
@@ -128,6 +128,25 @@ def q4():
             print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P} q_len={q_len}: default {res['default']:.1f} | top5 {top}", flush=True)
 
 
+def q4_rows():
+    """q_len 4 with 8 query heads per KV head (32 rows): all queries in one tile (BLOCK_M 32/64)
+    vs two tiles of 16 rows, which doubles the programs and reads each KV tile twice (via L2),
+    over BLOCK_N x warps x stages, against the decode time on the same KV."""
+    cases = [(8, 1, 128, 64, 8192, 16), (8, 1, 128, 64, 32768, 64), (8, 1, 128, 128, 8192, 16),
+             (64, 8, 128, 16, 32768, 16), (64, 8, 128, 64, 8192, 16), (64, 8, 128, 128, 32768, 16)]
+    for Hq, Hkv, D, B, L, P in cases:
+        decode = us(paged_case(Hq, Hkv, D, B, L, P, 1))
+        run = paged_case(Hq, Hkv, D, B, L, P, 4)
+        res = {"default": us(run)}
+        for bm, bn, w, st in itertools.product((16, 64), (64, 128), (2, 4), (2, 3)):
+            with tune.override("paged_attention", dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)):
+                res[(bm, bn, w, st)] = us(run)
+        best = {bm: min((t, c) for c, t in res.items() if c != "default" and c[0] == bm) for bm in (16, 64)}
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: decode {decode:.1f} | q4 shipped {res['default']:.1f} "
+              f"({res['default'] / decode:.2f}x) | " + " | ".join(
+                  f"BLOCK_M={bm} best {t:.1f} ({t / decode:.2f}x) (BM,BN,w,st)={c}" for bm, (t, c) in best.items()), flush=True)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())
-    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4}[sys.argv[1]]()
+    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows}[sys.argv[1]]()

@@ -406,6 +406,10 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
         # 8 of 128 ran 1.5x faster). Full batches barely split: long keys, where the tile matters
         # (H100, D=64: tiles picked at 1k/4k keys ran 0.76-0.86x the heuristic at 8k/32k)
         lengths = (1024, 8192) if fields["w"] <= 4 else (8192,)
+        if fields["q"] == "draft" and fields["w"] <= 16:
+            # drafts also at 32k keys: there 64-key tiles beat the 128-key ones that win at 1k-8k
+            # (H200, 8/1/128, q_len 4, B=64, L=32k: 316 us vs 417 on the 1k/8k pick; experiments/q4_rows.txt)
+            lengths += (32768,)
         return [dict(B=batch, L=length, q_len=1 if fields["q"] == "decode" else 4) for length in lengths]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
 
