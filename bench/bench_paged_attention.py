@@ -188,6 +188,7 @@ def main(argv=None):
     ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and unpacked/ (sglang wheel)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the full grid's)")
     ap.add_argument("--lengths", default=None, help="comma-separated KV lengths (default: the full grid's)")
+    ap.add_argument("--pages", default=None, help="comma-separated page sizes (default: the full grid's)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape: slow)")
     ap.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose KV cache exceeds this")
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
@@ -223,6 +224,8 @@ def main(argv=None):
         Bs = [int(x) for x in args.batches.split(",")]
     if args.lengths:
         Ls = [int(x) for x in args.lengths.split(",")]
+    if args.pages:
+        Ps = [int(x) for x in args.pages.split(",")]
     if args.quick:
         shapes, Bs, Ls, Ps = shapes[:1], [1, 16], [8192], [16]
     rows, summary = [], []

@@ -111,12 +111,3 @@ def test_only_parsing_rejects_malformed_items(capsys):
             tune.main(["--only", bad])
         assert "expected FIELD=VALUE" in capsys.readouterr().err
 
-
-@pytest.mark.parametrize("compute_units", [8, 20, 56, 64, 132, 160])
-def test_tuner_problems_land_inside_their_work_bucket(monkeypatch, compute_units):
-    monkeypatch.setattr(tune._device, "compute_units", lambda device=None: compute_units)
-    for w in (1, 2, 4, 8, 16, 32):
-        programs = tune.bucket_programs(w)
-        assert tune.work_bucket(programs, compute_units) == w
-        if w > 1:  # not the top of the bucket, where the grid is a whole number of waves
-            assert programs < w * compute_units // 4

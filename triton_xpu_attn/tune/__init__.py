@@ -259,14 +259,6 @@ def _measure(op: str, spec: TuningSpec, prepared: list, references: list, config
     return float(math.exp(sum(math.log(t) for t in times) / len(times)))
 
 
-def bucket_programs(work: int) -> int:
-    """Programs of the tuner's problem for work bucket ``work``: the geometric middle of the
-    bucket's range ``(w/8, w/4] x compute units`` rather than its top. At the top the grid is a
-    whole number of waves, which flatters configs that fit one program per compute unit (H200,
-    8/1/128, q_len 4: 128-key tiles won at B = 66 and lost 1.3x to 64-key tiles at B = 64)."""
-    return max(1, round(work * _device.compute_units() / (4 * math.sqrt(2))))
-
-
 def select_buckets(buckets: list[dict], only: dict | None) -> list[dict]:
     """The buckets whose every field named in ``only`` ({field: value or values}) has one of the
     given values (compared as text, as typed on the command line)."""
@@ -406,7 +398,7 @@ def _pa_kv_heads(fields: dict) -> int:
 
 def _pa_problems(fields: dict, quick: bool) -> list[dict]:
     # a batch whose launch lands in the bucket's work class on this device
-    programs = bucket_programs(fields["w"])
+    programs = max(1, fields["w"] * _device.compute_units() // 4)
     if fields["q"] in ("decode", "draft"):
         batch = max(1, programs // _pa_kv_heads(fields))
         # small batches split the keys: two lengths, since the split policy (min_split_tokens,
@@ -485,7 +477,7 @@ def _mla_buckets(quick: bool) -> list[dict]:
 
 
 def _mla_problems(fields: dict, quick: bool) -> list[dict]:
-    programs = bucket_programs(fields["w"])
+    programs = max(1, fields["w"] * _device.compute_units() // 4)
     batch = max(1, programs // -(-fields["rows"] // 16))
     return [dict(B=batch, H=fields["rows"], L=4096 if batch <= 64 else 2048, P=64 if fields["kv"] == "page" else 1)]
 
