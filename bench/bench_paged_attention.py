@@ -88,6 +88,17 @@ def run_flex(case, B, L, P):
     from torch.nn.attention.experimental._paged_attention import PagedAttention
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    import torch._dynamo
+
+    # every shape compiles anew: past dynamo's recompile limit (8 by default) flex_attention would
+    # silently run unfused, materialising the whole score matrix (what the 2026-11-21 H200 run hit
+    # from its ninth shape on); raise the limit, and make hitting it an error where torch allows
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+    if hasattr(cfg, "fail_on_recompile_limit_hit"):
+        cfg.fail_on_recompile_limit_hit = True
     flex = run_flex.compiled = getattr(run_flex, "compiled", None) or torch.compile(flex_attention, dynamic=False)
     q = case["q"]
     Hq, D = q.shape[1:]
@@ -106,6 +117,16 @@ def run_flex(case, B, L, P):
     pbm, smod = pa.convert_logical_block_mask(bm), pa.get_score_mod(None)
     q4 = q[:, :, None]
     return lambda: flex(q4, kc, vc, block_mask=pbm, score_mod=smod, enable_gqa=True)[:, :, 0]
+
+
+def flex_summary(rows) -> list[str]:
+    """One line: FlexAttention time over ours where FlexAttention ran (``--flex``)."""
+    ratios = [timed(r, "flex") / timed(r, "ours") for r in rows if r.get("flex_us") is not None and "ours_us" in r]
+    ratios = [x for x in ratios if x == x]
+    if not ratios:
+        return []
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return [f"FlexAttention/ours (time): geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"]
 
 
 def timed(row, peer):
@@ -248,6 +269,7 @@ def main(argv=None):
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         summary.append(f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases")
         print(summary[-1])
+    summary += flex_summary(rows)
     common.write_results(
         "paged_attention", rows, out=args.out, quick=args.quick, title="paged attention decode (bf16)",
         notes="Times: CUDA-graph replays (`*_us`), eager calls (`*_eager_us`). GB/s count the KV bytes read (K and V "
