@@ -17,7 +17,6 @@ Results: ``<out>/<device_key>/paged_attention.csv`` / ``.md`` / ``.json`` (quick
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -88,18 +87,20 @@ def run_flex(case, B, L, P):
     from torch.nn.attention.experimental._paged_attention import PagedAttention
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    import torch._dynamo
+    if getattr(run_flex, "compiled", None) is None:
+        import torch._dynamo
 
-    # every shape compiles anew: past dynamo's recompile limit (8 by default) flex_attention would
-    # silently run unfused, materialising the whole score matrix (what the 2026-11-21 H200 run hit
-    # from its ninth shape on); raise the limit, and make hitting it an error where torch allows
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), 1024))
-    if hasattr(cfg, "fail_on_recompile_limit_hit"):
-        cfg.fail_on_recompile_limit_hit = True
-    flex = run_flex.compiled = getattr(run_flex, "compiled", None) or torch.compile(flex_attention, dynamic=False)
+        # every shape compiles anew: past dynamo's recompile limit (8 by default) flex_attention would
+        # silently run unfused, materialising the whole score matrix (what the 2026-11-21 H200 run hit
+        # from its ninth shape on); raise the limit, and make hitting it an error where torch allows
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 1024))
+        if hasattr(cfg, "fail_on_recompile_limit_hit"):
+            cfg.fail_on_recompile_limit_hit = True
+        run_flex.compiled = torch.compile(flex_attention, dynamic=False)
+    flex = run_flex.compiled
     q = case["q"]
     Hq, D = q.shape[1:]
     Hkv = case["k"].shape[2]
@@ -122,11 +123,11 @@ def run_flex(case, B, L, P):
 def flex_summary(rows) -> list[str]:
     """One line: FlexAttention time over ours where FlexAttention ran (``--flex``)."""
     ratios = [timed(r, "flex") / timed(r, "ours") for r in rows if r.get("flex_us") is not None and "ours_us" in r]
-    ratios = [x for x in ratios if x == x]
+    ratios = [x for x in ratios if common.finite(x)]
     if not ratios:
         return []
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    return [f"FlexAttention/ours (time): geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"]
+    return [f"FlexAttention/ours (time): geometric mean {common.geomean(ratios):.2f}x, min {min(ratios):.2f}x "
+            f"over {len(ratios)} cases"]
 
 
 def timed(row, peer):
@@ -266,8 +267,7 @@ def main(argv=None):
         common.free_memory()
     ratios = [r["speedup_vs_sglang"] for r in rows if "speedup_vs_sglang" in r]
     if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        summary.append(f"ours/sglang: geometric mean {geo:.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases")
+        summary.append(f"ours/sglang: geometric mean {common.geomean(ratios):.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases")
         print(summary[-1])
     summary += flex_summary(rows)
     common.write_results(

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import pathlib
 import sys
 
@@ -18,7 +17,7 @@ import torch  # noqa: E402
 import triton_xpu_attn as ours  # noqa: E402
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench import bench_paged_attention as bench_paged  # noqa: E402
-from bench.common import graph_ms  # noqa: E402
+from bench.common import geomean, graph_ms  # noqa: E402
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 from triton_xpu_attn._common import next_power_of_2  # noqa: E402
@@ -92,7 +91,7 @@ def combine():
               f"{row[(512, 4096, 4)]:.2f} | best {best} {row[best]:.2f}", flush=True)
     for v in ["current", *variants]:
         vals = [t for k, t in times.items() if k[4] == v]
-        print("geomean", v, f"{math.exp(sum(map(math.log, vals)) / len(vals)):.2f}")
+        print("geomean", v, f"{geomean(vals):.2f}")
 
 
 def splits():

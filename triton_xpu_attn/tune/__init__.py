@@ -259,10 +259,15 @@ def _measure(op: str, spec: TuningSpec, prepared: list, references: list, config
     return float(math.exp(sum(math.log(t) for t in times) / len(times)))
 
 
+def _only_values(only: dict | None) -> dict[str, tuple[str, ...]]:
+    """``{field: value or values}`` -> ``{field: values as text}`` (as typed on the command line)."""
+    return {k: tuple(str(x) for x in ((v,) if isinstance(v, (str, int)) else v)) for k, v in (only or {}).items()}
+
+
 def select_buckets(buckets: list[dict], only: dict | None) -> list[dict]:
     """The buckets whose every field named in ``only`` ({field: value or values}) has one of the
-    given values (compared as text, as typed on the command line)."""
-    wanted = {k: {str(x) for x in ((v,) if isinstance(v, (str, int)) else v)} for k, v in (only or {}).items()}
+    given values (compared as text)."""
+    wanted = _only_values(only)
     return [f for f in buckets if all(str(f.get(k)) in values for k, values in wanted.items())]
 
 
@@ -286,7 +291,7 @@ def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) ->
     )
     # a file is often tuned in several runs (a quick pass, then some buckets in full): keep them all
     command = f"python -m triton_xpu_attn.tune --ops {','.join(ops)}" + (" --quick" if quick else "") + "".join(
-        f" --only {k}={','.join(map(str, (v,) if isinstance(v, (str, int)) else v))}" for k, v in (only or {}).items())
+        f" --only {k}={','.join(v)}" for k, v in _only_values(only).items())
     history = result.get("tuned_with", [])
     history = [history] if isinstance(history, str) else list(history)
     result["tuned_with"] = history + [f"{datetime.date.today().isoformat()}: {command}"]
