@@ -200,6 +200,15 @@ def _paged_attention_kernel(
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_v_head
     pt_row = page_table_ptr + b.to(tl.int64) * stride_pt_b
     offs_n = tl.arange(0, BLOCK_N)
+    # Tiles that every row of this program sees whole skip the per-element mask (at q_len > 1
+    # the mask costs as much as the softmax): [mid_lo, mid_hi) lies right of the last row's window
+    # start, left of the first row's causal / right-window limit, and before `end`.
+    safe_lo = tl.where(window_left >= 0, last_pos - window_left, 0)
+    safe_hi = tl.where(window_right >= 0, tl.minimum(first_pos + window_right + 1, end), end)
+    if CAUSAL:
+        safe_hi = tl.minimum(safe_hi, first_pos + 1)
+    mid_lo = start + tl.cdiv(tl.maximum(safe_lo - start, 0), BLOCK_N) * BLOCK_N
+    mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
     for n0 in range(start, end, BLOCK_N):
         key = n0 + offs_n
         key_valid = key < end
@@ -221,8 +230,9 @@ def _paged_attention_kernel(
         if HAS_SOFTCAP:
             # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
             s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
-        visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
-        s = tl.where(visible, s, float("-inf"))
+        if (n0 < mid_lo) | (n0 >= mid_hi):
+            visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
