@@ -88,12 +88,12 @@ def run_flex(case, B, L, P):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if getattr(run_flex, "compiled", None) is None:
-        import torch._dynamo
+        import torch._dynamo as dynamo  # a plain `import torch._dynamo` would make `torch` local here
 
         # every shape compiles anew: past dynamo's recompile limit (8 by default) flex_attention would
         # silently run unfused, materialising the whole score matrix (what the 2026-11-21 H200 run hit
         # from its ninth shape on); raise the limit, and make hitting it an error where torch allows
-        cfg = torch._dynamo.config
+        cfg = dynamo.config
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 1024))
