@@ -2,12 +2,13 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
+from triton_xpu_attn.ops import paged_attention
 
 PAGE_SIZES = [2**i for i in range(9)]
 GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 12]
@@ -125,6 +126,44 @@ def check_lse(lse, lse_ref, dtype):
 def test_matches_reference(pb):
     got, lse, out, out_ref, lse_ref = run_problem(pb)
     assert got is out
+    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
+    assert_close(got, out_ref, pb["dtype"])
+    check_lse(lse, lse_ref, pb["dtype"])
+
+
+@st.composite
+def short_tile_problems(draw):
+    """Several query rows per program over many short key tiles: windows, causal limits and splits
+    put masked tiles before and after the tiles every row sees whole."""
+    batch = draw(st.integers(1, 2))
+    q_lens = [draw(st.integers(2, 12)) for _ in range(batch)]
+    # lengths just past a multiple of 32 (so of 16 too): a tile boundary falls among the last
+    # query rows' positions, where the first row's causal / right-window limit cuts a tile
+    kv_lens = [max(q, 32 * draw(st.integers(1, 3)) + draw(st.integers(0, q))) for q in q_lens]
+    limits = draw(st.sampled_from(["causal", "causal+left", "right", "left+right", "left", "none"]))
+    causal = limits.startswith("causal")
+    left = draw(st.sampled_from([0, 5, 17, 33])) if "left" in limits else -1
+    right = draw(st.sampled_from([0, 2, 9])) if "right" in limits else -1
+    return dict(
+        dtype=draw(st.sampled_from([torch.float32, torch.float16])), batch=batch,
+        group=draw(st.sampled_from([1, 2, 4])), num_kv_heads=1, head_dim=64, head_dim_v=64,
+        page_size=draw(st.sampled_from([1, 4, 16, 32, 64])), q_lens=q_lens,
+        kv_lens=kv_lens, causal=causal,
+        window=(left, right),
+        softcap=draw(st.sampled_from([0.0, 5.0])), sinks=draw(st.booleans()),
+        layout=draw(st.sampled_from(["contiguous", "combined"])), num_splits=draw(st.sampled_from([0, 1, 3])),
+        four_d=False, give_max_seqlen_q=draw(st.booleans()), extra_pages=0, seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=max(60, settings().max_examples))  # cheap examples; each mask boundary needs its own draw
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32]))
+def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n):
+    """Key tiles that every query row of a program sees whole skip the element mask; 16- and
+    32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paged_attention.tune, "lookup", lambda op, fields, heuristic, **kw: {**heuristic, "BLOCK_N": block_n, "BLOCK_M": 16})
+        got, lse, out, out_ref, lse_ref = run_problem(pb)
     assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
     assert_close(got, out_ref, pb["dtype"])
     check_lse(lse, lse_ref, pb["dtype"])
