@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
-from triton_xpu_attn.ops import paged_attention
+from triton_xpu_attn import tune
 
 PAGE_SIZES = [2**i for i in range(9)]
 GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 12]
@@ -147,9 +147,8 @@ def short_tile_problems(draw):
     return dict(
         dtype=draw(st.sampled_from([torch.float32, torch.float16])), batch=batch,
         group=draw(st.sampled_from([1, 2, 4])), num_kv_heads=1, head_dim=64, head_dim_v=64,
-        page_size=draw(st.sampled_from([1, 4, 16, 32, 64])), q_lens=q_lens,
-        kv_lens=kv_lens, causal=causal,
-        window=(left, right),
+        page_size=draw(st.sampled_from([1, 4, 16, 32, 64])), q_lens=q_lens, kv_lens=kv_lens,
+        causal=causal, window=(left, right),
         softcap=draw(st.sampled_from([0.0, 5.0])), sinks=draw(st.booleans()),
         layout=draw(st.sampled_from(["contiguous", "combined"])), num_splits=draw(st.sampled_from([0, 1, 3])),
         four_d=False, give_max_seqlen_q=draw(st.booleans()), extra_pages=0, seed=draw(st.integers(0, 2**16)),
@@ -161,8 +160,7 @@ def short_tile_problems(draw):
 def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n):
     """Key tiles that every query row of a program sees whole skip the element mask; 16- and
     32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(paged_attention.tune, "lookup", lambda op, fields, heuristic, **kw: {**heuristic, "BLOCK_N": block_n, "BLOCK_M": 16})
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16)):
         got, lse, out, out_ref, lse_ref = run_problem(pb)
     assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
     assert_close(got, out_ref, pb["dtype"])
