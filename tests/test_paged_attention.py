@@ -9,6 +9,7 @@ from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
+from triton_xpu_attn._common import whole_wave_splits
 
 PAGE_SIZES = [2**i for i in range(9)]
 GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 12]
@@ -165,6 +166,36 @@ def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, blo
     assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
     assert_close(got, out_ref, pb["dtype"])
     check_lse(lse, lse_ref, pb["dtype"])
+
+
+@pytest.mark.parametrize("resident, expected", [(None, 8), (64, 8), (4, 8), (6, 6), (7, 7)])
+def test_automatic_splits_fill_whole_waves(monkeypatch, resident, expected):
+    """The automatic split count drops a partial last wave of the programs the device runs at
+    once (``device.resident_programs``, stubbed here: the interpreter has no occupancy), and the
+    output is the same attention."""
+    from triton_xpu_attn import device as _device
+    from triton_xpu_attn.ops import paged_attention as pa
+
+    used = []
+    real_combine = pa.combine_splits
+    monkeypatch.setattr(pa, "combine_splits", lambda po, *a, **k: (used.append(po.shape[2]), real_combine(po, *a, **k)))
+    monkeypatch.setattr(_device, "resident_programs", lambda compile_kernel, device=None: resident)
+    monkeypatch.setattr(pa, "_RESIDENT_PROGRAMS", {})
+    pb = dict(
+        dtype=torch.float32, batch=2, group=2, num_kv_heads=1, head_dim=64, head_dim_v=64, page_size=4,
+        q_lens=[1, 1], kv_lens=[160, 131], causal=True, window=(-1, -1), softcap=0.0, sinks=False,
+        layout="contiguous", num_splits=0, four_d=True, give_max_seqlen_q=False, extra_pages=0, seed=3,
+    )
+    # 2 programs a split (2 requests x 1 KV head); 16-key splits and tiles, 4 waves of the
+    # interpreter's 4 compute units: 8 splits before the cut
+    with tune.override("paged_attention", dict(BLOCK_N=16, min_split_tokens=16, waves=4)):
+        got, lse, _, out_ref, lse_ref = run_problem(pb)
+    # 16 programs: unknown occupancy or one wave of 64 keep 8 splits, as do 4 whole waves of 4;
+    # of 6 at once, 2 whole waves hold 12 programs = 6 splits; of 7, 14 programs = 7 splits
+    assert expected == whole_wave_splits(8, 2, resident)
+    assert used == [expected]
+    assert_close(got, out_ref, torch.float32)
+    check_lse(lse, lse_ref, torch.float32)
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)

@@ -108,6 +108,44 @@ def compute_units(device: torch.device | str | int | None = None) -> int:
     return int(props.multi_processor_count)
 
 
+#: CUDA limits beside those torch reports: registers are given out per warp in this granule, each
+#: resident block reserves this much shared memory for the system, and an SM holds at most this
+#: many blocks (sm_80 and sm_90 alike)
+_CUDA_REGISTER_GRANULE = 256
+_CUDA_RESERVED_SHARED_PER_BLOCK = 1024
+_CUDA_MAX_BLOCKS_PER_SM = 32
+
+
+def cuda_programs_per_sm(num_warps: int, registers_per_thread: int, shared_bytes: int, props) -> int:
+    """Programs (thread blocks) of one kernel that an SM holds at once, the lowest of its thread,
+    register and shared-memory limits (CUDA's occupancy rule). ``props`` carries
+    ``max_threads_per_multi_processor``, ``regs_per_multiprocessor`` and
+    ``shared_memory_per_multiprocessor`` (``torch.cuda.get_device_properties``)."""
+    by_threads = props.max_threads_per_multi_processor // (32 * num_warps)
+    warp_registers = -(-max(registers_per_thread, 1) * 32 // _CUDA_REGISTER_GRANULE) * _CUDA_REGISTER_GRANULE
+    by_registers = (props.regs_per_multiprocessor // warp_registers) // num_warps
+    by_shared = props.shared_memory_per_multiprocessor // (shared_bytes + _CUDA_RESERVED_SHARED_PER_BLOCK)
+    return max(0, min(by_threads, by_registers, by_shared, _CUDA_MAX_BLOCKS_PER_SM))
+
+
+def resident_programs(compile_kernel, device: torch.device | str | int | None = None) -> int | None:
+    """Programs of a Triton kernel that the whole device runs at once (compute units x programs
+    per unit). ``compile_kernel()`` returns the compiled kernel (``jit_fn.warmup(...)``); it is
+    called only where the answer is known: None on XPU (threads per Xe-core follow the GRF mode,
+    no occupancy rule here yet), under the interpreter, or with a Triton whose compiled kernels do
+    not expose registers and shared memory."""
+    if backend() != "cuda":
+        return None
+    props = _properties("cuda", _index(device))
+    try:
+        compiled = compile_kernel()
+        compiled._init_handles()  # loads the binary; registers are known only after that
+        per_sm = cuda_programs_per_sm(compiled.metadata.num_warps, compiled.n_regs, compiled.metadata.shared, props)
+    except (AttributeError, TypeError):
+        return None
+    return per_sm * int(props.multi_processor_count) if per_sm > 0 else None
+
+
 def triton_version() -> str:
     """Version of the installed Triton (``pytorch-triton-xpu`` installs as ``triton`` too)."""
     import triton

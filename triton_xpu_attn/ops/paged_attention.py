@@ -32,6 +32,7 @@ from .._common import (
     next_power_of_2,
     register_xpu_compile,
     validate_lengths_and_pages,
+    whole_wave_splits,
 )
 from .merge_state import combine_splits
 
@@ -325,6 +326,9 @@ _register_compile_variants()
 # launcher
 # ------------------------------------------------------------------------------------------
 
+#: (device, dtypes, constexprs) -> programs of the split kernel the device runs at once (or None)
+_RESIDENT_PROGRAMS: dict = {}
+
 _UNSUPPORTED = {
     "k": "appending new keys inside the call is not supported: write k/v into the cache first",
     "v": "appending new values inside the call is not supported: write k/v into the cache first",
@@ -482,7 +486,8 @@ def flash_attn_with_kvcache(
         If > 0, logits become ``softcap * tanh(logits / softcap)`` before masking.
     num_splits : int
         KV splits: 0 = automatic (from compute units, batch, heads and the table width), 1 = none,
-        n > 1 = at most n (each request uses fewer when it is short).
+        n > 1 = at most n (each request uses fewer when it is short). The automatic count is cut
+        to whole waves of the programs the device runs at once (CUDA: the compiled kernel's occupancy).
     return_softmax_lse : bool
         Also return the LSE ``[Hq, total_q]`` fp32 (natural log, sinks included).
     out : torch.Tensor, optional
@@ -637,21 +642,13 @@ def flash_attn_with_kvcache(
     else:
         splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))
     splits = max(1, splits)
-    split_kv = splits > 1
     min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
-
-    if split_kv:
-        partial_out = torch.empty((total_q, num_q_heads, splits, head_dim_v), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((total_q, num_q_heads, splits), dtype=torch.float32, device=device)
-    else:
-        partial_out = partial_lse = out  # placeholders, never touched
-    lse_arg = lse if lse is not None else out
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    lse_arg = lse if lse is not None else out
 
-    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
-    with device_guard(device):
-        _paged_attention_kernel[grid](
+    def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
+        """The kernel's runtime arguments; partials may be dtypes (a compile without launch)."""
+        return (
             q, q.stride(0), q.stride(1),
             k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -663,12 +660,16 @@ def flash_attn_with_kvcache(
             sinks if sinks is not None else q,
             out, out.stride(0), out.stride(1),
             lse_arg, lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
-            partial_out, partial_out.stride(0), partial_out.stride(1), partial_out.stride(2) if split_kv else 0,
-            partial_lse, partial_lse.stride(0), partial_lse.stride(1),
+            partial_out, *po_strides,
+            partial_lse, *pl_strides,
             batch, total_q, num_q_programs, uniform_q_len, tiles_per_request, num_head_blocks,
             group_size, head_dim, head_dim_v,
             scale, float(softcap), left, right,
-            splits, min_split_tokens,
+            num_kv_splits, min_split_tokens,
+        )
+
+    def constexprs(split_kv):
+        return dict(
             Q_MAPPING=mapping,
             PAD_ROWS=pad_rows,
             BLOCK_Q=block_q,
@@ -684,9 +685,38 @@ def flash_attn_with_kvcache(
             HAS_V_DESCALE=v_scale is not None,
             SPLIT_KV=split_kv,
             WRITE_LSE=lse is not None,
-            DOT_PRECISION=dot_precision,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             **tune.launch_options(config),
         )
+
+    if num_splits == 0 and splits > 1:
+        # automatic splits fill whole waves of what the device runs at once (the compiled split
+        # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is)
+        key = (device, q.dtype, k_cache.dtype, out.dtype, tuple(constexprs(True).items()))
+        if key not in _RESIDENT_PROGRAMS:
+            def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
+                po_strides = (num_q_heads * splits * head_dim_v, splits * head_dim_v, head_dim_v)
+                pl_strides = (num_q_heads * splits, splits)
+                with device_guard(device):
+                    return _paged_attention_kernel.warmup(
+                        *launch_args(torch.float32, torch.float32, po_strides, pl_strides, splits),
+                        grid=(1, 1, 1), **constexprs(True),
+                    )
+            _RESIDENT_PROGRAMS[key] = _device.resident_programs(compile_split_kernel, device)
+        splits = whole_wave_splits(splits, programs, _RESIDENT_PROGRAMS[key])
+    split_kv = splits > 1
+
+    if split_kv:
+        partial_out = torch.empty((total_q, num_q_heads, splits, head_dim_v), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((total_q, num_q_heads, splits), dtype=torch.float32, device=device)
+        po_strides, pl_strides = partial_out.stride()[:3], partial_lse.stride()[:2]
+    else:
+        partial_out = partial_lse = out  # placeholders, never touched
+        po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (out.stride(0), out.stride(1))
+
+    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
+    with device_guard(device):
+        _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), **constexprs(split_kv))
         if split_kv:
             combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
     return (out, lse) if return_softmax_lse else out
