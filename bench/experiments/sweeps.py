@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves
 """
 from __future__ import annotations
 
@@ -146,6 +146,32 @@ def q4_rows():
                   f"BLOCK_M={bm} best {t:.1f} ({t / decode:.2f}x) (BM,BN,w,st)={c}" for bm, (t, c) in best.items()), flush=True)
 
 
+def waves():
+    """Wave quantisation of the split grid: per cell, the call with the combine stubbed out and the
+    combine alone (where the fixed cost goes), then forced split counts beside the automatic one,
+    with the programs per split and the split kernel's occupancy (resident programs)."""
+    cells = [(8, 1, 128, 16, 8192, 64, 1), (8, 1, 128, 64, 8192, 64, 1), (8, 1, 128, 64, 8192, 64, 4),
+             (8, 1, 128, 64, 32768, 64, 4), (32, 8, 64, 16, 8192, 16, 1), (32, 8, 128, 16, 8192, 64, 1),
+             (32, 8, 128, 1, 8192, 64, 1), (64, 8, 128, 16, 8192, 16, 4)]
+    real = paged_attention.combine_splits
+    for Hq, Hkv, D, B, L, P, q_len in cells:
+        run = paged_case(Hq, Hkv, D, B, L, P, q_len)
+        seen = {}
+        paged_attention.combine_splits = lambda po, *a, **k: (seen.update(args=(po, *a)), real(po, *a, **k))
+        run()
+        paged_attention.combine_splits = lambda *a, **k: None
+        main_only = us(run)
+        paged_attention.combine_splits = real
+        full = us(run)
+        combine_only = us(lambda: real(*seen["args"])) if "args" in seen else float("nan")
+        resident = [v for v in paged_attention._RESIDENT_PROGRAMS.values() if v]
+        res = {s: us(lambda: run(num_splits=s)) for s in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64)}
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P} q{q_len}: auto {full:.1f} (splits "
+              f"{seen['args'][0].shape[2] if 'args' in seen else 1}, main kernel alone {main_only:.1f}, combine alone "
+              f"{combine_only:.1f}) | programs/split {B * Hkv} | resident programs seen {sorted(set(resident))} | "
+              + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())
-    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows}[sys.argv[1]]()
+    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves}[sys.argv[1]]()
