@@ -668,31 +668,30 @@ def flash_attn_with_kvcache(
             num_kv_splits, min_split_tokens,
         )
 
-    def constexprs(split_kv):
-        return dict(
-            Q_MAPPING=mapping,
-            PAD_ROWS=pad_rows,
-            BLOCK_Q=block_q,
-            HEADS_PER_BLOCK=heads_per_block,
-            BLOCK_N=config["BLOCK_N"],
-            BLOCK_D=next_power_of_2(head_dim),
-            BLOCK_DV=next_power_of_2(head_dim_v),
-            PAGE_SIZE=page_size,
-            CAUSAL=bool(causal),
-            HAS_SOFTCAP=softcap > 0,
-            HAS_SINKS=sinks is not None,
-            HAS_K_DESCALE=k_scale is not None,
-            HAS_V_DESCALE=v_scale is not None,
-            SPLIT_KV=split_kv,
-            WRITE_LSE=lse is not None,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            **tune.launch_options(config),
-        )
+    # compile-time arguments, SPLIT_KV aside (it follows the final split count)
+    constexprs = dict(
+        Q_MAPPING=mapping,
+        PAD_ROWS=pad_rows,
+        BLOCK_Q=block_q,
+        HEADS_PER_BLOCK=heads_per_block,
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_DV=next_power_of_2(head_dim_v),
+        PAGE_SIZE=page_size,
+        CAUSAL=bool(causal),
+        HAS_SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
+        HAS_K_DESCALE=k_scale is not None,
+        HAS_V_DESCALE=v_scale is not None,
+        WRITE_LSE=lse is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tune.launch_options(config),
+    )
 
     if num_splits == 0 and splits > 1:
         # automatic splits fill whole waves of what the device runs at once (the compiled split
         # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is)
-        key = (device, q.dtype, k_cache.dtype, out.dtype, tuple(constexprs(True).items()))
+        key = (device, q.dtype, k_cache.dtype, tuple(constexprs.items()))
         if key not in _RESIDENT_PROGRAMS:
             def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
                 po_strides = (num_q_heads * splits * head_dim_v, splits * head_dim_v, head_dim_v)
@@ -700,7 +699,7 @@ def flash_attn_with_kvcache(
                 with device_guard(device):
                     return _paged_attention_kernel.warmup(
                         *launch_args(torch.float32, torch.float32, po_strides, pl_strides, splits),
-                        grid=(1, 1, 1), **constexprs(True),
+                        grid=(1, 1, 1), SPLIT_KV=True, **constexprs,
                     )
             _RESIDENT_PROGRAMS[key] = _device.resident_programs(compile_split_kernel, device)
         splits = whole_wave_splits(splits, programs, _RESIDENT_PROGRAMS[key])
@@ -716,7 +715,7 @@ def flash_attn_with_kvcache(
 
     grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
     with device_guard(device):
-        _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), **constexprs(split_kv))
+        _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
             combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
     return (out, lse) if return_softmax_lse else out
