@@ -180,14 +180,16 @@ def test_automatic_splits_fill_whole_waves(monkeypatch, resident, expected):
     real_combine = pa.combine_splits
     monkeypatch.setattr(pa, "combine_splits", lambda po, *a, **k: (used.append(po.shape[2]), real_combine(po, *a, **k)))
     monkeypatch.setattr(_device, "resident_programs", lambda compile_kernel, device=None: resident)
+    # 4 compute units everywhere (the interpreter's count; a GPU's would change the split count)
+    monkeypatch.setattr(_device, "compute_units", lambda device=None: 4)
     monkeypatch.setattr(pa, "_RESIDENT_PROGRAMS", {})
     pb = dict(
         dtype=torch.float32, batch=2, group=2, num_kv_heads=1, head_dim=64, head_dim_v=64, page_size=4,
         q_lens=[1, 1], kv_lens=[160, 131], causal=True, window=(-1, -1), softcap=0.0, sinks=False,
         layout="contiguous", num_splits=0, four_d=True, give_max_seqlen_q=False, extra_pages=0, seed=3,
     )
-    # 2 programs a split (2 requests x 1 KV head); 16-key splits and tiles, 4 waves of the
-    # interpreter's 4 compute units: 8 splits before the cut
+    # 2 programs a split (2 requests x 1 KV head); 16-key splits and tiles, 4 waves of 4
+    # compute units: 8 splits before the cut
     with tune.override("paged_attention", dict(BLOCK_N=16, min_split_tokens=16, waves=4)):
         got, lse, _, out_ref, lse_ref = run_problem(pb)
     # 16 programs: unknown occupancy or one wave of 64 keep 8 splits, as do 4 whole waves of 4;
