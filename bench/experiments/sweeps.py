@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch
 """
 from __future__ import annotations
 
@@ -172,6 +172,24 @@ def waves():
               + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
 
 
+def mla_batch():
+    """MLA split counts at the benchmark's larger batches (``splits`` stops at B = 16): automatic
+    vs forced, with the latent cache's GB/s (the H = 16 target is % of the copy roofline)."""
+    units = _device.compute_units(torch.device(DEV))
+    cells = [(16, B, L, P) for B in (64, 128) for L in (1024, 4096, 16384) for P in (1, 64)]
+    cells += [(128, B, 4096, P) for B in (16, 64, 128) for P in (1, 64)]
+    for H, B, L, P in cells:
+        run = mla_case(B, H, L, P)
+        auto = mla_decode._auto_splits(B, H, L, units)
+        res = {s: us(run(s)) for s in sorted({auto, 1, 2, 3, 4, 5, 6, 8, 12, 16})}
+        best = min(res, key=res.get)
+        gbs = B * L * 576 * 2 / 1e3  # latent cache bytes / us -> GB/s
+        print(f"MLA H={H} B={B} L={L} P={P} | auto={auto} {res[auto]:.1f} us {gbs / res[auto]:.0f} GB/s | "
+              f"best={best} {res[best]:.1f} us {gbs / res[best]:.0f} GB/s ({res[auto] / res[best]:.3f}x) | "
+              + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())
-    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves}[sys.argv[1]]()
+    {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
+     "mla_batch": mla_batch}[sys.argv[1]]()
