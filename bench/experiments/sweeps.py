@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles
 """
 from __future__ import annotations
 
@@ -189,7 +189,34 @@ def mla_batch():
               + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
 
 
+def mla_tiles():
+    """MLA tiles the tuner does not try, at the compute-bound cell (H = 128, B = 64, L = 4k): more
+    warps, deeper pipelines, 32/128-key tiles, 128-row tiles with the V dimension split (BLOCK_DV),
+    each checked against the shipped config's output. TFLOP/s = 2 B H L (2 R + Dr) / time."""
+    B, H, L = 64, 128, 4096
+    flops = 2 * B * H * L * (2 * 512 + 64)
+    configs = [dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)]
+    configs += [dict(BLOCK_H=64, BLOCK_N=bn, num_warps=w, num_stages=st)
+                for bn, w, st in [(64, 8, 3), (64, 16, 2), (64, 16, 3), (32, 8, 2), (32, 8, 3), (32, 8, 4),
+                                  (32, 16, 3), (128, 8, 1), (128, 16, 1)]]
+    configs += [dict(BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=dv, num_warps=w, num_stages=st)
+                for bh, bn, dv, w, st in [(64, 64, 256, 8, 2), (64, 64, 256, 4, 2), (128, 64, 256, 8, 2),
+                                          (128, 64, 256, 16, 2), (128, 32, 256, 8, 3), (128, 64, 128, 8, 2)]]
+    for P in (1, 64):
+        run = mla_case(B, H, L, P)(1)
+        expected = run().float()
+        for config in configs:
+            with tune.override("mla_decode", config):
+                try:
+                    err = (run().float() - expected).abs().max().item()
+                    t = us(run)
+                except Exception as exc:  # a tile that does not fit (shared memory, registers)
+                    print(f"P={P} {config}: failed ({type(exc).__name__})", flush=True)
+                    continue
+            print(f"P={P} {config}: {t:.1f} us {flops / t / 1e6:.1f} TFLOP/s max|diff| {err:.1e}", flush=True)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
-     "mla_batch": mla_batch}[sys.argv[1]]()
+     "mla_batch": mla_batch, "mla_tiles": mla_tiles}[sys.argv[1]]()
