@@ -47,6 +47,15 @@ def mla_case(B, H, L, P):
     return run
 
 
+def mla_split_sweep(B, H, L, P, units, counts):
+    """``(automatic split count, {splits: us}, fastest count)`` over the automatic count and
+    ``counts(auto)`` on the MLA benchmark's case."""
+    run = mla_case(B, H, L, P)
+    auto = mla_decode._auto_splits(B, H, L, units)
+    res = {s: us(run(s)) for s in sorted({auto, *counts(auto)})}
+    return auto, res, min(res, key=res.get)
+
+
 def ceiling():
     """What the split combine costs inside a whole call: with it vs with it skipped."""
     real = merge_state.combine_splits
@@ -98,10 +107,8 @@ def splits():
     """Split counts: MLA automatic vs 1/4..2x of it; paged attention num_splits=0 (auto) vs fixed."""
     units = _device.compute_units(torch.device(DEV))
     for H, B, L, P in itertools.product((16, 128), (1, 16), (1024, 4096, 16384), (64, 1)):
-        run = mla_case(B, H, L, P)
-        auto = mla_decode._auto_splits(B, H, L, units)
-        res = {s: us(run(s)) for s in sorted({max(1, auto // 4), max(1, auto // 2), auto, min(auto * 2, 128), 1})}
-        best = min(res, key=res.get)
+        auto, res, best = mla_split_sweep(
+            B, H, L, P, units, lambda auto: (max(1, auto // 4), max(1, auto // 2), min(auto * 2, 128), 1))
         print(f"MLA {B} {H} {L} {P} | auto={auto} {res[auto]:.1f} | best={best} {res[best]:.1f} | "
               + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
     for (Hq, Hkv, D), B, L in itertools.product([(32, 8, 128), (8, 1, 128), (32, 8, 64)], (1, 16), (1024, 8192, 32768)):
@@ -179,10 +186,7 @@ def mla_batch():
     cells = [(16, B, L, P) for B in (64, 128) for L in (1024, 4096, 16384) for P in (1, 64)]
     cells += [(128, B, 4096, P) for B in (16, 64, 128) for P in (1, 64)]
     for H, B, L, P in cells:
-        run = mla_case(B, H, L, P)
-        auto = mla_decode._auto_splits(B, H, L, units)
-        res = {s: us(run(s)) for s in sorted({auto, 1, 2, 3, 4, 5, 6, 8, 12, 16})}
-        best = min(res, key=res.get)
+        auto, res, best = mla_split_sweep(B, H, L, P, units, lambda auto: (1, 2, 3, 4, 5, 6, 8, 12, 16))
         gbs = B * L * 576 * 2 / 1e3  # latent cache bytes / us -> GB/s
         print(f"MLA H={H} B={B} L={L} P={P} | auto={auto} {res[auto]:.1f} us {gbs / res[auto]:.0f} GB/s | "
               f"best={best} {res[best]:.1f} us {gbs / res[best]:.0f} GB/s ({res[auto] / res[best]:.3f}x) | "
