@@ -688,17 +688,24 @@ def flash_attn_with_kvcache(
         **tune.launch_options(config),
     )
 
+    def split_partials(num_kv_splits: int, where):
+        """Each split's normalised output [total_q, Hq, splits, Dv] and LSE [total_q, Hq, splits],
+        fp32, on ``where`` ("meta": their strides only)."""
+        return (torch.empty((total_q, num_q_heads, num_kv_splits, head_dim_v), dtype=torch.float32, device=where),
+                torch.empty((total_q, num_q_heads, num_kv_splits), dtype=torch.float32, device=where))
+
     if num_splits == 0 and splits > 1:
         # automatic splits fill whole waves of what the device runs at once (the compiled split
-        # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is)
+        # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is). The
+        # kernel is compiled at the count before the cut: a count's divisibility may change
+        # Triton's integer specialisation of the split strides, not registers or shared memory.
         key = (device, q.dtype, k_cache.dtype, tuple(constexprs.items()))
         if key not in _RESIDENT_PROGRAMS:
             def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
-                po_strides = (num_q_heads * splits * head_dim_v, splits * head_dim_v, head_dim_v)
-                pl_strides = (num_q_heads * splits, splits)
+                po, pl = split_partials(splits, "meta")
                 with device_guard(device):
                     return _paged_attention_kernel.warmup(
-                        *launch_args(torch.float32, torch.float32, po_strides, pl_strides, splits),
+                        *launch_args(torch.float32, torch.float32, po.stride()[:3], pl.stride()[:2], splits),
                         grid=(1, 1, 1), SPLIT_KV=True, **constexprs,
                     )
             _RESIDENT_PROGRAMS[key] = _device.resident_programs(compile_split_kernel, device)
@@ -706,8 +713,7 @@ def flash_attn_with_kvcache(
     split_kv = splits > 1
 
     if split_kv:
-        partial_out = torch.empty((total_q, num_q_heads, splits, head_dim_v), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((total_q, num_q_heads, splits), dtype=torch.float32, device=device)
+        partial_out, partial_lse = split_partials(splits, device)
         po_strides, pl_strides = partial_out.stride()[:3], partial_lse.stride()[:2]
     else:
         partial_out = partial_lse = out  # placeholders, never touched
