@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import triton_xpu_attn as ours  # noqa: E402
 from bench import bench_mla_decode as bench_mla  # noqa: E402
@@ -220,7 +222,90 @@ def mla_tiles():
             print(f"P={P} {config}: {t:.1f} us {flops / t / 1e6:.1f} TFLOP/s max|diff| {err:.1e}", flush=True)
 
 
+def pa_tiles():
+    """Paged-attention decode configs the quick tuning never tried (8 warps, 3 stages, 256-key
+    tiles, 3-4 waves), forced on the cells under 85% of the copy roofline, beside the shipped
+    config; each checked against the shipped output."""
+    cells = [(8, 1, 128, B, L, P) for B, L in ((16, 8192), (64, 8192), (16, 32768)) for P in (1, 16, 64)]
+    cells += [(32, 8, 64, 16, 8192, P) for P in (1, 16, 64)]
+    configs = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, waves=wv, min_split_tokens=128)
+               for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8)) for st in (2, 3) for wv in (2, 4)]
+    ratios = []
+    for Hq, Hkv, D, B, L, P in cells:
+        run = paged_case(Hq, Hkv, D, B, L, P)
+        gbs = 2 * B * L * Hkv * D * 2 / 1e3  # K + V bytes / us -> GB/s
+        expected = run().float()
+        shipped = us(run)
+        res = {}
+        for config in configs:
+            with tune.override("paged_attention", config):
+                try:
+                    err = (run().float() - expected).abs().max().item()
+                    res[tuple(config.values())[:4]] = (us(run), err)
+                except Exception as exc:  # a tile that does not fit (shared memory, registers)
+                    print(f"  {config}: failed ({type(exc).__name__})", flush=True)
+        best = min(res, key=lambda c: res[c][0])
+        ratios.append(shipped / res[best][0])
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best (BN,w,st,waves)={best} "
+              f"{res[best][0]:.1f} us {gbs / res[best][0]:.0f} GB/s ({shipped / res[best][0]:.3f}x) | "
+              + " ".join(f"{c}:{t:.1f}" for c, (t, e) in res.items())
+              + f" | max|diff| {max(e for t, e in res.values()):.1e}", flush=True)
+    print(f"geomean shipped/best {geomean(ratios):.3f} max {max(ratios):.3f}")
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, chunk, INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
+    """Reads x[0:n] once (sums it, so the loads stay): INTERLEAVED = all programs sweep the buffer
+    together in BLOCK steps (a copy's pattern); else each program streams its own contiguous
+    ``chunk`` elements (a split-KV program's pattern)."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    if INTERLEAVED:
+        for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    else:
+        lo = pid.to(tl.int64) * chunk
+        hi = tl.minimum(lo + chunk, n)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < hi, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def read_ceiling():
+    """What reading N bytes once can reach at the benchmark's cell sizes, against the copy
+    roofline (bench.common.copy_bandwidth): a same-size device copy (N/2 read + N/2 written) and
+    the fastest of a family of read-only Triton kernels (both access patterns)."""
+    from bench.common import copy_bandwidth
+
+    roof = copy_bandwidth()
+    units = _device.compute_units(torch.device(DEV))
+    print(f"copy roofline {roof:.0f} GB/s, {units} SMs")
+    for mb in (33.5, 67.1, 268.4, 536.9, 2147.5):
+        n = int(mb * 1e6) // 2
+        x = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+        half = torch.empty(n // 2, device=DEV, dtype=torch.bfloat16)
+        other = torch.empty_like(half)
+        copy_t = us(lambda: other.copy_(half))
+        res = {}
+        for inter, block, warps, per_sm, stages in itertools.product(
+                (True, False), (2048, 8192), (4, 8), (2, 4, 8), (2, 3)):
+            programs = units * per_sm
+            chunk = -(-n // (programs * block)) * block  # whole blocks: aligned, vectorised loads
+            out = torch.empty(programs, device=DEV, dtype=torch.float32)
+            res[(inter, block, warps, per_sm, stages)] = us(lambda: _read_kernel[(programs,)](
+                x, out, n, chunk, INTERLEAVED=inter, BLOCK=block, num_warps=warps, num_stages=stages))
+        line = f"{mb:.1f} MB: copy {copy_t:.1f} us ({mb * 1e3 / copy_t / roof * 100:.0f}% of roofline)"
+        for inter in (True, False):
+            best = min((c for c in res if c[0] == inter), key=res.get)
+            line += (f" | read-only {'interleaved' if inter else 'per-program chunks'} best {res[best]:.1f} us "
+                     f"({mb * 1e3 / res[best] / roof * 100:.0f}%) (BLOCK,warps,per SM,stages)={best[1:]}")
+        print(line, flush=True)
+        del x, half, other
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
-     "mla_batch": mla_batch, "mla_tiles": mla_tiles}[sys.argv[1]]()
+     "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling}[sys.argv[1]]()
