@@ -19,7 +19,7 @@ import triton.language as tl  # noqa: E402
 import triton_xpu_attn as ours  # noqa: E402
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench import bench_paged_attention as bench_paged  # noqa: E402
-from bench.common import geomean, graph_ms  # noqa: E402
+from bench.common import copy_bandwidth, geomean, graph_ms  # noqa: E402
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 from triton_xpu_attn._common import next_power_of_2  # noqa: E402
@@ -195,6 +195,20 @@ def mla_batch():
               + " ".join(f"{s}:{t:.1f}" for s, t in res.items()), flush=True)
 
 
+def forced_configs(op, run, expected, configs, prefix):
+    """``(config, us, max|diff| against expected)`` of ``run`` with each config forced on ``op``; a
+    config that does not fit (shared memory, registers) is printed after ``prefix`` and skipped."""
+    for config in configs:
+        with tune.override(op, config):
+            try:
+                err = (run().float() - expected).abs().max().item()
+                t = us(run)
+            except Exception as exc:  # a tile that does not fit
+                print(f"{prefix}{config}: failed ({type(exc).__name__})", flush=True)
+                continue
+        yield config, t, err
+
+
 def mla_tiles():
     """MLA tiles the tuner does not try, at the compute-bound cell (H = 128, B = 64, L = 4k): more
     warps, deeper pipelines, 32/128-key tiles, 128-row tiles with the V dimension split (BLOCK_DV),
@@ -210,15 +224,7 @@ def mla_tiles():
                                           (128, 64, 256, 16, 2), (128, 32, 256, 8, 3), (128, 64, 128, 8, 2)]]
     for P in (1, 64):
         run = mla_case(B, H, L, P)(1)
-        expected = run().float()
-        for config in configs:
-            with tune.override("mla_decode", config):
-                try:
-                    err = (run().float() - expected).abs().max().item()
-                    t = us(run)
-                except Exception as exc:  # a tile that does not fit (shared memory, registers)
-                    print(f"P={P} {config}: failed ({type(exc).__name__})", flush=True)
-                    continue
+        for config, t, err in forced_configs("mla_decode", run, run().float(), configs, f"P={P} "):
             print(f"P={P} {config}: {t:.1f} us {flops / t / 1e6:.1f} TFLOP/s max|diff| {err:.1e}", flush=True)
 
 
@@ -236,14 +242,8 @@ def pa_tiles():
         gbs = 2 * B * L * Hkv * D * 2 / 1e3  # K + V bytes / us -> GB/s
         expected = run().float()
         shipped = us(run)
-        res = {}
-        for config in configs:
-            with tune.override("paged_attention", config):
-                try:
-                    err = (run().float() - expected).abs().max().item()
-                    res[tuple(config.values())[:4]] = (us(run), err)
-                except Exception as exc:  # a tile that does not fit (shared memory, registers)
-                    print(f"  {config}: failed ({type(exc).__name__})", flush=True)
+        res = {tuple(config.values())[:4]: (t, err)
+               for config, t, err in forced_configs("paged_attention", run, expected, configs, "  ")}
         best = min(res, key=lambda c: res[c][0])
         ratios.append(shipped / res[best][0])
         print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best (BN,w,st,waves)={best} "
@@ -277,8 +277,6 @@ def read_ceiling():
     """What reading N bytes once can reach at the benchmark's cell sizes, against the copy
     roofline (bench.common.copy_bandwidth): a same-size device copy (N/2 read + N/2 written) and
     the fastest of a family of read-only Triton kernels (both access patterns)."""
-    from bench.common import copy_bandwidth
-
     roof = copy_bandwidth()
     units = _device.compute_units(torch.device(DEV))
     print(f"copy roofline {roof:.0f} GB/s, {units} SMs")
