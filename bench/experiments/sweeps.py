@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pathlib
 import sys
@@ -58,22 +59,30 @@ def mla_split_sweep(B, H, L, P, units, counts):
     return auto, res, min(res, key=res.get)
 
 
+@contextlib.contextmanager
+def combine_replaced(op_module, replacement=lambda *a, **k: None):
+    """``op_module``'s split combine replaced inside the block (default: skipped), restored after."""
+    real = op_module.combine_splits
+    op_module.combine_splits = replacement
+    try:
+        yield real
+    finally:
+        op_module.combine_splits = real
+
+
 def ceiling():
     """What the split combine costs inside a whole call: with it vs with it skipped."""
-    real = merge_state.combine_splits
     for Hq, Hkv, D, B, L in [(32, 8, 128, 1, 1024), (32, 8, 128, 1, 8192), (8, 1, 128, 1, 8192), (8, 1, 128, 16, 8192)]:
         run = paged_case(Hq, Hkv, D, B, L, 64)
         full = us(run)
-        paged_attention.combine_splits = lambda *a, **k: None
-        alone = us(run)
-        paged_attention.combine_splits = real
+        with combine_replaced(paged_attention):
+            alone = us(run)
         print(f"PA {Hq}/{Hkv}/{D} B={B} L={L}: {full:.1f} us, without the combine {alone:.1f}")
     for B, H, L in [(1, 16, 1024), (1, 16, 4096), (1, 128, 4096)]:
         run = mla_case(B, H, L, 64)(-1)
         full = us(run)
-        mla_decode.combine_splits = lambda *a, **k: None
-        alone = us(run)
-        mla_decode.combine_splits = real
+        with combine_replaced(mla_decode):
+            alone = us(run)
         print(f"MLA B={B} H={H} L={L}: {full:.1f} us, without the combine {alone:.1f}")
 
 
@@ -166,11 +175,10 @@ def waves():
     for Hq, Hkv, D, B, L, P, q_len in cells:
         run = paged_case(Hq, Hkv, D, B, L, P, q_len)
         seen = {}
-        paged_attention.combine_splits = lambda po, *a, **k: (seen.update(args=(po, *a)), real(po, *a, **k))
-        run()
-        paged_attention.combine_splits = lambda *a, **k: None
-        main_only = us(run)
-        paged_attention.combine_splits = real
+        with combine_replaced(paged_attention, lambda po, *a, **k: (seen.update(args=(po, *a)), real(po, *a, **k))):
+            run()
+        with combine_replaced(paged_attention):
+            main_only = us(run)
         full = us(run)
         combine_only = us(lambda: real(*seen["args"])) if "args" in seen else float("nan")
         resident = [v for v in paged_attention._RESIDENT_PROGRAMS.values() if v]
