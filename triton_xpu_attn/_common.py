@@ -171,7 +171,8 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: s
     fn = getattr(kernel, "fn", kernel)
     parameters = inspect.signature(fn).parameters
     params = list(parameters)
-    constexpr_names = {p.name for p in parameters.values() if "constexpr" in str(p.annotation)}
+    # constexpr parameters, and arguments passed as None (Triton specialises those as constexprs)
+    constexpr_names = {p.name for p in parameters.values() if "constexpr" in str(p.annotation) or args.get(p.name, 0) is None}
     missing = [p for p in params if p not in args]
     extra = [a for a in args if a not in params]
     if missing or extra:

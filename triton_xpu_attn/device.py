@@ -146,6 +146,33 @@ def resident_programs(compile_kernel, device: torch.device | str | int | None = 
     return per_sm * int(props.multi_processor_count) if per_sm > 0 else None
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor_class():
+    """Triton's host ``TensorDescriptor`` (Triton >= 3.4), or None (triton-xpu 3.3 has none)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def tensor_descriptors(device: torch.device | str | int | None = None) -> bool:
+    """Whether kernels may load tiles through host tensor descriptors on ``device``: Triton has
+    them, and on CUDA the GPU has the copy engine they lower to (TMA, compute capability >= 9).
+    The interpreter runs them too (Triton >= 3.7)."""
+    if _descriptor_class() is None:
+        return False
+    if backend() == "cuda":
+        return _properties("cuda", _index(device)).major >= 9
+    return True
+
+
+def tensor_descriptor(tensor: torch.Tensor, shape: list, strides: list, block_shape: list):
+    """A host tensor descriptor of ``tensor``'s memory seen with ``shape``/``strides`` (elements),
+    loaded in ``block_shape`` tiles; out-of-bounds elements read as 0."""
+    return _descriptor_class()(tensor, shape, strides, block_shape)
+
+
 def triton_version() -> str:
     """Version of the installed Triton (``pytorch-triton-xpu`` installs as ``triton`` too)."""
     import triton

@@ -3,7 +3,7 @@ rows with forced configs (``tune.override``), beside FlashInfer's paged prefill 
 faster reported) in the same process. GPU only; times are medians of CUDA-graph replays
 (``bench.common.graph_ms``).
 
-    python bench/experiments/prefill_tiles.py [--flashinfer .peers/flashinfer] [--quick]
+    python bench/experiments/prefill_tiles.py [--flashinfer .peers/flashinfer] [--quick] [--desc]
 
 Every config's output is compared with the default config's (rel. err.) and FlashInfer's; a config
 that does not compile or fit is printed as such and skipped.
@@ -50,7 +50,12 @@ def ours_call(c):
         max_seqlen_q=c["q_len"], softmax_scale=c["scale"], causal=True)
 
 
-def configs(quick):
+def configs(quick, desc=False):
+    if desc:  # tensor-descriptor K/V loads against pointer loads, on the tiles that matter
+        for kv_desc, (bm, bn, warps, stages) in itertools.product((False, True), [
+                (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3)]):
+            yield dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, kv_desc=kv_desc)
+        return
     tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if not quick else [(128, 64), (128, 128)]
     for (bm, bn), warps, stages in itertools.product(tiles, (4, 8), (2, 3)):
         yield dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
@@ -60,6 +65,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flashinfer", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--desc", action="store_true", help="sweep tensor-descriptor K/V loads (kv_desc) against pointer loads")
     args = ap.parse_args()
     fi = None
     if args.flashinfer:
@@ -97,7 +103,7 @@ def main():
                 line += f" | flashinfer {best[1]} {t_fi:.0f} us {tf(t_fi):.0f} TF/s (err vs ours {best[2]:.1e})"
         print(line, flush=True)
         results = []
-        for cfg in configs(args.quick):
+        for cfg in configs(args.quick, args.desc):
             try:
                 with tune.override("paged_attention", cfg):
                     err = rel_err(ours_call(c)(), base)

@@ -61,10 +61,98 @@ def _find_request(cu_seqlens_q_ptr, pid, batch, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap,
+                 HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Base-2 logits of one key tile (``k`` is ``[D, BLOCK_N]``), soft-capped, then masked per
+    element only when ``masked`` (tiles some row sees only in part)."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    s = tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
+    if HAS_SOFTCAP:
+        # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
+        s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
+    if masked:
+        visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """Online-softmax update: (probabilities, rescale of the running sums, new max, new sum)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _pointer_tile(
+    q, acc, m_i, l_i, n0, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
+    pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
+    head_dim, head_dim_v,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One key tile through pointer loads (any page size: pages shorter than the tile are gathered
+    row by row). Keys outside ``[key_lo, end)`` are not loaded: no query may see them, and a freed
+    slot can hold NaN (masking the score would not stop ``0 * NaN`` in ``P @ V``)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    key = n0 + offs_n
+    key_valid = (key >= key_lo) & (key < end)
+    if PAGE_SIZE >= BLOCK_N:
+        # the whole tile lies in one page: one page-table read, contiguous token rows
+        page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+        k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
+        v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
+    else:
+        page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+        k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
+        v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
+    k = tl.load(
+        k_base + k_rows[None, :] + d[:, None],
+        mask=key_valid[None, :] & (d[:, None] < head_dim),
+        other=0.0,
+    )
+    s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+    v = tl.load(
+        v_base + v_rows[:, None] + dv[None, :],
+        mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
+        other=0.0,
+    )
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _descriptor_tile(
+    q, acc, m_i, l_i, n0, masked, row_lo, row_hi, qk_scale, softcap,
+    pt_row, k_desc, k_col, v_desc, v_col,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One key tile of whole valid rows of one page (``PAGE_SIZE >= BLOCK_N``) through tensor
+    descriptors over the caches seen as ``[pages * PAGE_SIZE, row]`` (TMA on Hopper, 2D block IO
+    on Intel GPUs). The caller gives it only tiles whose every key some row may see: a row no query
+    may see can hold NaN, and ``0 * NaN`` in ``P @ V`` would reach the output."""
+    key = n0 + tl.arange(0, BLOCK_N)
+    row = tl.load(pt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
+    k = tl.trans(k_desc.load([row, k_col]))
+    s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+    v = v_desc.load([row, v_col])
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, stride_q_t, stride_q_h,
     k_cache_ptr, stride_k_page, stride_k_tok, stride_k_head,
     v_cache_ptr, stride_v_page, stride_v_tok, stride_v_head,
+    k_desc, v_desc,
     page_table_ptr, stride_pt_b, max_pages,
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
@@ -95,6 +183,7 @@ def _paged_attention_kernel(
     SPLIT_KV: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_DESC: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -200,7 +289,6 @@ def _paged_attention_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_k_head
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_v_head
     pt_row = page_table_ptr + b.to(tl.int64) * stride_pt_b
-    offs_n = tl.arange(0, BLOCK_N)
     # Tiles that every row of this program sees whole skip the per-element mask: [mid_lo, mid_hi)
     # lies right of the last row's window start, left of the first row's causal / right-window
     # limit, and before `end`. One loop with a branch (three loops, masked/unmasked/masked, ran
@@ -212,42 +300,34 @@ def _paged_attention_kernel(
         safe_hi = tl.minimum(safe_hi, first_pos + 1)
     mid_lo = start + tl.cdiv(tl.maximum(safe_lo - start, 0), BLOCK_N) * BLOCK_N
     mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
-    for n0 in range(start, end, BLOCK_N):
-        key = n0 + offs_n
-        key_valid = key < end
-        if PAGE_SIZE >= BLOCK_N:
-            # the whole tile lies in one page: one page-table read, contiguous token rows
-            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
-            k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
-            v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
-        else:
-            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
-            k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
-            v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
-        k = tl.load(
-            k_base + k_rows[None, :] + d[:, None],
-            mask=key_valid[None, :] & (d[:, None] < head_dim),
-            other=0.0,
-        )
-        s = tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
-        if HAS_SOFTCAP:
-            # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
-            s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
-        if (n0 < mid_lo) | (n0 >= mid_hi):
-            visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_base + v_rows[:, None] + dv[None, :],
-            mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
-            other=0.0,
-        )
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # the first key any row sees: keys left of it (in the first, page-aligned tile) are never loaded
+    key_lo = tl.where(window_left >= 0, tl.maximum(first_pos - window_left, 0), 0)
+    if KV_DESC:
+        # descriptors read whole rows: tiles that can hold a slot no query may see (left of key_lo,
+        # past `end`) go through masked pointer loads, the rest through descriptors
+        desc_lo = tl.minimum(start + tl.cdiv(tl.maximum(key_lo - start, 0), BLOCK_N) * BLOCK_N, end)
+        desc_hi = desc_lo + ((end - desc_lo) // BLOCK_N) * BLOCK_N
+        for n0 in range(start, desc_lo, BLOCK_N):
+            acc, m_i, l_i = _pointer_tile(
+                q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
+                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+        for n0 in range(desc_lo, desc_hi, BLOCK_N):
+            acc, m_i, l_i = _descriptor_tile(
+                q, acc, m_i, l_i, n0, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
+                pt_row, k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
+                BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+        for n0 in range(desc_hi, end, BLOCK_N):
+            acc, m_i, l_i = _pointer_tile(
+                q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
+                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _pointer_tile(
+                q, acc, m_i, l_i, n0, key_lo, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
+                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -302,6 +382,7 @@ def _register_compile_variants():
         Q_MAPPING=_PER_REQUEST, PAD_ROWS=True, BLOCK_Q=4, HEADS_PER_BLOCK=4, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128,
         PAGE_SIZE=64, CAUSAL=True, HAS_SOFTCAP=False, HAS_SINKS=False, HAS_K_DESCALE=False,
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
+        k_desc=None, v_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
     )
     register_xpu_compile(_paged_attention_kernel, "decode,bf16,D128,g4,P64,split", common, dots=2, num_warps=4, op="paged_attention")
     register_xpu_compile(
@@ -363,8 +444,38 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
         min_split_tokens=128,
         waves=2,  # aim for this many programs per compute unit when splitting
         max_splits=128,
+        # prefill: K/V tiles through tensor descriptors where the device and Triton have them and
+        # pages hold whole key tiles (H100, causal prefill of 32/8/128 in a minimal kernel: 420 ->
+        # 519 TF/s, bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_ceiling.txt); decode
+        # keeps pointer loads (at the copy roofline already). Off on XPU until measured there (a
+        # config file may turn it on: Intel's Triton >= 3.5 lowers descriptors to 2D block IO)
+        kv_desc=not decode_like and _device.backend() == "cuda",
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
+
+
+def _kv_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, config: dict, device):
+    """(K, V) host tensor descriptors of ``[num_pages * page_size, row]`` views of the caches with
+    ``[BLOCK_N, D]`` / ``[BLOCK_N, Dv]`` blocks, or None where the config does not ask for them
+    (``kv_desc``), the device or Triton lacks them, or the layout does not allow them: a key tile
+    must lie in one page (``page_size >= BLOCK_N``), pages must follow each other at
+    ``page_size`` token strides, the head dims must be powers of two (the block is the whole head),
+    strides 16-byte aligned and rows fewer than 2^31 (descriptor coordinates are 32-bit)."""
+    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
+    if not config.get("kv_desc") or page_size < config["BLOCK_N"] or not _device.tensor_descriptors(device):
+        return None
+    rows = num_pages * page_size
+    descriptors = []
+    for cache in (k_cache, v_cache):
+        stride_page, stride_tok, stride_head, _ = cache.stride()
+        dim = cache.shape[3]
+        item = cache.element_size()
+        if (dim != next_power_of_2(dim) or stride_page != page_size * stride_tok or rows >= 2**31
+                or (stride_tok * item) % 16 or cache.data_ptr() % 16):
+            return None
+        row_width = (num_kv_heads - 1) * stride_head + dim
+        descriptors.append(_device.tensor_descriptor(cache, [rows, row_width], [stride_tok, 1], [config["BLOCK_N"], dim]))
+    return tuple(descriptors)
 
 
 def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
@@ -644,6 +755,7 @@ def flash_attn_with_kvcache(
     splits = max(1, splits)
     min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
+    kv_descriptors = _kv_descriptors(k_cache, v_cache, config, device) or (None, None)
     lse_arg = lse if lse is not None else out
 
     def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
@@ -652,6 +764,7 @@ def flash_attn_with_kvcache(
             q, q.stride(0), q.stride(1),
             k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            *kv_descriptors,
             page_table, page_table.stride(0), page_table.shape[1],
             cache_seqlens,
             cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
@@ -685,6 +798,7 @@ def flash_attn_with_kvcache(
         HAS_V_DESCALE=v_scale is not None,
         WRITE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_DESC=kv_descriptors[0] is not None,
         **tune.launch_options(config),
     )
 
