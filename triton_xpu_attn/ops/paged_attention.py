@@ -129,16 +129,15 @@ def _pointer_tile(
 
 @triton.jit
 def _descriptor_tile(
-    q, acc, m_i, l_i, n0, masked, row_lo, row_hi, qk_scale, softcap,
-    pt_row, k_desc, k_col, v_desc, v_col,
-    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
+    k_desc, k_col, v_desc, v_col,
+    BLOCK_N: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """One key tile of whole valid rows of one page (``PAGE_SIZE >= BLOCK_N``) through tensor
-    descriptors over the caches seen as ``[pages * PAGE_SIZE, row]`` (TMA on Hopper, 2D block IO
+    """One key tile of whole valid rows of one page (cache row ``row`` on; ``PAGE_SIZE >= BLOCK_N``)
+    through tensor descriptors over the caches seen as ``[pages * PAGE_SIZE, row]`` (TMA on Hopper, 2D block IO
     on Intel GPUs). The caller gives it only tiles whose every key some row may see: a row no query
     may see can hold NaN, and ``0 * NaN`` in ``P @ V`` would reach the output."""
     key = n0 + tl.arange(0, BLOCK_N)
-    row = tl.load(pt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
     k = tl.trans(k_desc.load([row, k_col]))
     s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
     p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
@@ -312,11 +311,17 @@ def _paged_attention_kernel(
                 q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+        # each tile's cache row is read from the page table one tile ahead, so the descriptor
+        # loads never wait on the page-table read that addresses them
+        next_row = tl.load(pt_row + desc_lo // PAGE_SIZE, mask=desc_lo < desc_hi, other=0) * PAGE_SIZE + desc_lo % PAGE_SIZE
         for n0 in range(desc_lo, desc_hi, BLOCK_N):
+            row = next_row
+            ahead = n0 + BLOCK_N
+            next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
             acc, m_i, l_i = _descriptor_tile(
-                q, acc, m_i, l_i, n0, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
-                pt_row, k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
-                BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+                q, acc, m_i, l_i, n0, row, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
+                k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
+                BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
                 q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
@@ -424,9 +429,10 @@ _UNSUPPORTED = {
 }
 
 
-def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
+def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
-    batch wants long tiles over many splits, a full one shorter tiles)."""
+    batch wants long tiles over many splits, a full one shorter tiles; prefill on the H100,
+    bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_tiles.txt and prefill_desc.txt)."""
     if decode_like:
         # H200 tuning: long key tiles until the batch fills the device, then 64 (128 for D <= 64)
         block_n = 128 if work <= 4 or head_dim <= 64 else 64
@@ -434,22 +440,25 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int) -> dict:
         block_n = 64
     if head_dim > 128:
         block_n = min(block_n, 32)  # [BLOCK_N, D] tiles of K and V must fit the registers
+    # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA) and 3
+    # stages, 1.10-1.14x over pointer loads (H100, 32/8/128 causal prefill: 400 -> 455 TF/s at
+    # B = 1, L = 8k); D = 64 stays on pointers (descriptors 0.95x there). Off on XPU until measured
+    # there (a config file may turn it on: Intel's Triton >= 3.5 lowers them to 2D block IO).
+    kv_desc = not decode_like and head_dim == 128 and page_size >= block_n and _device.backend() == "cuda"
+    # prefill over pages shorter than a key tile (row gathers): 128-row query tiles on 8 warps,
+    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s)
+    gather_prefill = not decode_like and 16 <= page_size < block_n
     return dict(
         BLOCK_N=block_n,
-        BLOCK_M=64,  # query rows (token x head) of a prefill tile
-        num_warps=4,
-        num_stages=2,
+        BLOCK_M=128 if gather_prefill else 64,  # query rows (token x head) of a prefill tile
+        num_warps=8 if gather_prefill else 4,
+        num_stages=3 if kv_desc else 2,
         # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
         # at 32k keys runs 1.18x faster on 128 splits than on 64; 32/8/128 at 1k 1.2x on 8 than 4)
         min_split_tokens=128,
         waves=2,  # aim for this many programs per compute unit when splitting
         max_splits=128,
-        # prefill: K/V tiles through tensor descriptors where the device and Triton have them and
-        # pages hold whole key tiles (H100, causal prefill of 32/8/128 in a minimal kernel: 420 ->
-        # 519 TF/s, bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_ceiling.txt); decode
-        # keeps pointer loads (at the copy roofline already). Off on XPU until measured there (a
-        # config file may turn it on: Intel's Triton >= 3.5 lowers descriptors to 2D block IO)
-        kv_desc=not decode_like and _device.backend() == "cuda",
+        kv_desc=kv_desc,
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
 
@@ -736,7 +745,7 @@ def flash_attn_with_kvcache(
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
              q=q_kind, w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work),
+        _heuristic_config(decode_like, head_dim, work, page_size),
         device=device,
         fallback={"q": "decode"} if q_kind == "draft" else None,  # files tuned before drafts had buckets
     )
