@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, invisible_slots, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -71,7 +71,10 @@ def attention_problems(draw, max_batch=3, max_q=6, max_ctx=40):
     )
 
 
-def run_problem(pb, device=DEVICE):
+def run_problem(pb, device=DEVICE, invisible=None):
+    """Build the problem ``pb`` (see ``attention_problems``), run it, and return ``(got, lse, out,
+    out_ref, lse_ref)``. ``invisible``: a value (NaN, inf) written, after the reference is
+    computed, into every cache slot no query may see."""
     gen = torch.Generator().manual_seed(pb["seed"])
     dtype, page_size = pb["dtype"], pb["page_size"]
     num_q_heads = pb["group"] * pb["num_kv_heads"]
@@ -95,6 +98,10 @@ def run_problem(pb, device=DEVICE):
     seqlens = torch.tensor(pb["kv_lens"], dtype=torch.int32)
     kwargs = dict(causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"], sinks=sinks)
     out_ref, lse_ref = ref.paged_attention(q, k_cache, v_cache, seqlens, page_table, cu, **kwargs)
+    if invisible is not None:
+        slots = invisible_slots(num_pages, page_size, page_table, pb["q_lens"], pb["kv_lens"], pb["causal"], pb["window"])
+        k_cache[slots] = invisible
+        v_cache[slots] = invisible
 
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     out = poison(torch.empty(total_q, num_q_heads, pb["head_dim_v"], dtype=dtype, device=device))

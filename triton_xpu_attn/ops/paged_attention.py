@@ -172,7 +172,11 @@ def _paged_attention_kernel(
     hi = tl.where(window_right >= 0, tl.minimum(kv_len, last_pos + window_right + 1), kv_len)
     if CAUSAL:
         hi = tl.minimum(hi, last_pos + 1)
-    lo = (lo // BLOCK_N) * BLOCK_N  # tiles start on BLOCK_N boundaries: whole-page tiles
+    # tiles start on BLOCK_N boundaries (whole-page tiles); the keys between the aligned start and
+    # the first row's window start are never loaded: no query sees them, and a freed slot may hold
+    # NaN, which a masked score does not stop (0 * NaN in P @ V)
+    first_key = lo
+    lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(hi, lo)
 
     if SPLIT_KV:
@@ -214,7 +218,7 @@ def _paged_attention_kernel(
     mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
     for n0 in range(start, end, BLOCK_N):
         key = n0 + offs_n
-        key_valid = key < end
+        key_valid = (key < end) & (key >= first_key)
         if PAGE_SIZE >= BLOCK_N:
             # the whole tile lies in one page: one page-table read, contiguous token rows
             page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
