@@ -9,8 +9,9 @@ from triton_xpu_attn import reference as ref
 #: relative-error bound per dtype of the op's inputs (the guide's standard)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
-#: dtypes the interpreter computes correctly (its bf16 arithmetic is broken: bf16 runs on the GPU)
-FLOAT_DTYPES = [torch.float16, torch.float32] if INTERPRET else [torch.float16, torch.bfloat16, torch.float32]
+#: input dtypes of the float ops (under the interpreter the launchers run bf16 in fp32:
+#: ``_common.interpreter_float32``)
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

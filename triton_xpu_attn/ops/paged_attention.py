@@ -29,6 +29,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
     validate_lengths_and_pages,
@@ -648,6 +649,9 @@ def flash_attn_with_kvcache(
     splits = max(1, splits)
     min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
+    # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
+    dest = out
+    q, k_cache, v_cache, out = interpreter_float32(q, k_cache, v_cache, out)
     lse_arg = lse if lse is not None else out
 
     def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
@@ -728,4 +732,6 @@ def flash_attn_with_kvcache(
         _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
             combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
-    return (out, lse) if return_softmax_lse else out
+    if out is not dest:
+        dest.copy_(out)
+    return (dest, lse) if return_softmax_lse else dest
