@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import FLOAT_DTYPES, assert_close, invisible_slots
-from test_mla_decode import SHAPES, _make_case, _run_and_check
+from test_mla_decode import CONFIGS, SHAPES, _make_case, _run_and_check
 from test_paged_attention import attention_problems, check_lse, run_problem, short_tile_problems
 from triton_xpu_attn import tune
 
@@ -109,14 +109,13 @@ def check_mla(gen, batch, q_len, heads, page_size, max_len, dtype, splits, fill,
     page_size=st.sampled_from([2**i for i in range(9)]),
     dtype=st.sampled_from(FLOAT_DTYPES),
     splits=st.sampled_from([1, 2, 3, 0]),
-    block_n=st.sampled_from([None, 16, 32]),
+    config=st.sampled_from(CONFIGS),  # 16/32-key tiles, tiled V channels, gathers without prefetch
     fill=st.sampled_from(FILLS),
     seed=st.integers(0, 2**16),
     max_len=st.integers(1, 40),
 )
-def test_mla_decode_never_reads_a_slot_no_query_sees(batch, q_len, heads, page_size, dtype, splits, block_n, fill,
+def test_mla_decode_never_reads_a_slot_no_query_sees(batch, q_len, heads, page_size, dtype, splits, config, fill,
                                                      seed, max_len):
-    config = None if block_n is None else dict(BLOCK_H=16, BLOCK_N=block_n, BLOCK_DV=0, num_warps=4, num_stages=1)
     check_mla(torch.Generator().manual_seed(seed), batch, q_len, heads, page_size, max_len, dtype, splits, fill, config)
 
 
