@@ -54,12 +54,14 @@ def dense_kv(case, B, L, P):
     return K, V, slots
 
 
-def run_ours(case, scale, q_len=1, **options):
+def run_ours(case, scale, q_len=1, attn=None, **options):
     """Our decode call on ``case`` (``q_len`` copies of its query per request); ``options`` go to
-    ``flash_attn_with_kvcache`` as they are (e.g. ``num_splits``)."""
+    ``flash_attn_with_kvcache`` as they are (e.g. ``num_splits``). ``attn``: the function called
+    (default ours; ``sweeps.py ab_paged`` passes an old copy)."""
     B, Hq, D = case["q"].shape
     q = case["q"][:, None].expand(B, q_len, Hq, D).contiguous() if q_len > 1 else case["q"][:, None]
-    return lambda: ours.flash_attn_with_kvcache(
+    attn = attn or ours.flash_attn_with_kvcache
+    return lambda: attn(
         q, case["k"], case["v"], cache_seqlens=case["seqlens"], page_table=case["table"], softmax_scale=scale,
         causal=True, **options
     )

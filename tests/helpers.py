@@ -4,12 +4,14 @@ from __future__ import annotations
 import torch
 
 from conftest import DEVICE, INTERPRET  # noqa: F401
+from triton_xpu_attn import reference as ref
 
 #: relative-error bound per dtype of the op's inputs (the guide's standard)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
-#: dtypes the interpreter computes correctly (its bf16 arithmetic is broken: bf16 runs on the GPU)
-FLOAT_DTYPES = [torch.float16, torch.float32] if INTERPRET else [torch.float16, torch.bfloat16, torch.float32]
+#: input dtypes of the float ops (under the interpreter the launchers run bf16 in fp32:
+#: ``_common.interpreter_float32``)
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -34,3 +36,15 @@ def assert_close(out, ref, dtype, what="output"):
     err = rel_error(out, ref)
     tol = TOLERANCE[dtype]
     assert err == err and err < tol, f"{what}: relative error {err:.3e} exceeds {tol:.0e} for {dtype}"
+
+
+def invisible_slots(num_pages, page_size, page_table, q_lens, kv_lens, causal=False, window=(-1, -1)) -> torch.Tensor:
+    """``[num_pages, page_size]`` bool: the cache slots no query may see (left of every query's
+    window, past each request's length, in pages no request uses): a serving engine may have
+    freed them and left NaN or inf there (vLLM PRs 47305, 53628)."""
+    seen = torch.zeros(num_pages * page_size, dtype=torch.bool)
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+        keys = ref.visible_keys(int(q_len), int(kv_len), causal, window).any(0).nonzero()[:, 0]
+        pages = page_table[b].cpu().long()[keys // page_size]
+        seen[pages * page_size + keys % page_size] = True
+    return ~seen.view(num_pages, page_size)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, invisible_slots, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -71,7 +71,10 @@ def attention_problems(draw, max_batch=3, max_q=6, max_ctx=40):
     )
 
 
-def run_problem(pb, device=DEVICE):
+def run_problem(pb, device=DEVICE, invisible=None):
+    """Build the problem ``pb`` (see ``attention_problems``), run it, and return ``(got, lse, out,
+    out_ref, lse_ref)``. ``invisible``: a value (NaN, inf) written, after the reference is
+    computed, into every cache slot no query may see."""
     gen = torch.Generator().manual_seed(pb["seed"])
     dtype, page_size = pb["dtype"], pb["page_size"]
     num_q_heads = pb["group"] * pb["num_kv_heads"]
@@ -95,6 +98,10 @@ def run_problem(pb, device=DEVICE):
     seqlens = torch.tensor(pb["kv_lens"], dtype=torch.int32)
     kwargs = dict(causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"], sinks=sinks)
     out_ref, lse_ref = ref.paged_attention(q, k_cache, v_cache, seqlens, page_table, cu, **kwargs)
+    if invisible is not None:
+        slots = invisible_slots(num_pages, page_size, page_table, pb["q_lens"], pb["kv_lens"], pb["causal"], pb["window"])
+        k_cache[slots] = invisible
+        v_cache[slots] = invisible
 
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     out = poison(torch.empty(total_q, num_q_heads, pb["head_dim_v"], dtype=dtype, device=device))
@@ -157,11 +164,13 @@ def short_tile_problems(draw):
 
 
 @settings(max_examples=max(60, settings().max_examples))  # cheap examples; each mask boundary needs its own draw
-@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32]))
-def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n):
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32]), kv_desc=st.booleans())
+def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n, kv_desc):
     """Key tiles that every query row of a program sees whole skip the element mask; 16- and
-    32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none)."""
-    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16)):
+    32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none). With
+    ``kv_desc``, pages of whole tiles load K/V through tensor descriptors (the prefill path on
+    Hopper), edge tiles through masked pointers."""
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, kv_desc=kv_desc)):
         got, lse, out, out_ref, lse_ref = run_problem(pb)
     assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
     assert_close(got, out_ref, pb["dtype"])

@@ -9,6 +9,8 @@ from typing import Any, Iterable
 
 import torch
 
+from . import device as _device
+
 #: page sizes every op accepts: powers of two from 1 to 256.
 SUPPORTED_PAGE_SIZES = tuple(2**i for i in range(9))
 
@@ -103,6 +105,18 @@ def validate_lengths_and_pages(lengths_name: str, lengths: torch.Tensor, page_ta
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
         bad = pages[(pages < 0) | (pages >= num_pages)][0]
         raise ValueError(f"page_table holds page id {int(bad)} outside the pool [0, {num_pages})")
+
+
+def interpreter_float32(*tensors: torch.Tensor | None) -> tuple:
+    """The tensors a launcher hands a kernel, with each bf16 one as an fp32 copy under Triton's
+    interpreter, whose bf16 arithmetic is wrong upstream (loads, stores and casts are right).
+
+    Everything else, and every tensor on a compiled backend, comes back as it is (no copy), so the
+    GPU hot path is untouched. Pass outputs too and copy a stand-in back into the caller's tensor
+    (``if stand_in is not out: out.copy_(stand_in)``), or cast a result the launcher allocated."""
+    if not _device.is_interpreter():
+        return tensors
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t for t in tensors)
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:

@@ -3,30 +3,34 @@
 (``bench.common.graph_ms``), in microseconds.
 
     python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling
+    python bench/experiments/sweeps.py ab_paged OLD_COPY_OF_OPS_PAGED_ATTENTION.py [SECONDS]
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import pathlib
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import triton_xpu_attn as ours  # noqa: E402  (first: on a CPU it must select the interpreter before triton loads)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-import triton_xpu_attn as ours  # noqa: E402
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench import bench_paged_attention as bench_paged  # noqa: E402
-from bench.common import copy_bandwidth, geomean, graph_ms  # noqa: E402
+from bench.common import bench_ms, capture_graph, copy_bandwidth, geomean, graph_ms  # noqa: E402
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 from triton_xpu_attn._common import next_power_of_2  # noqa: E402
 from triton_xpu_attn.ops import merge_state, mla_decode, paged_attention  # noqa: E402
 
-DEV = "cuda"
+DEV = _device.default_device().type
 
 
 def us(fn) -> float:
@@ -311,7 +315,57 @@ def read_ceiling():
         del x, half, other
 
 
+def load_old_paged(path):
+    """An old copy of ops/paged_attention.py imported as a module of the package, so its relative
+    imports resolve (to today's device, tune, _common and merge_state)."""
+    name = "triton_xpu_attn.ops._paged_attention_old"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ab_paged(old_path, budget_s="240"):
+    """Old (a copy of ops/paged_attention.py) vs new ``flash_attn_with_kvcache`` on the paged
+    benchmark's decode grid (bench_paged_attention: every shape, batch, length and page size,
+    smallest KV first: a run cut short by ``budget_s`` seconds drops the largest, bandwidth-bound
+    cases) after a few q_len-4 draft cases. Per case: both captured in a graph, replays timed old,
+    new, old, new (the faster of each kept); prints new/old, the min, the geomean, the count below 0.98."""
+    old = load_old_paged(old_path).flash_attn_with_kvcache
+    drafts = [(8, 1, 128, 64, 8192, 16, 4), (32, 8, 128, 16, 8192, 64, 4), (64, 8, 128, 64, 8192, 16, 4),
+              (32, 8, 64, 16, 32768, 1, 4), (8, 1, 128, 1, 32768, 64, 4)]
+    grid = [(Hq, Hkv, D, B, L, P, 1) for Hq, Hkv, D in bench_paged.GRID_SHAPES for B in bench_paged.GRID_B
+            for L in bench_paged.GRID_L for P in bench_paged.GRID_P]
+    grid.sort(key=lambda c: c[1] * c[2] * c[3] * c[4])  # KV bytes per case
+    if DEV == "cpu":  # interpreter: one tiny decode and draft case, to check the script runs
+        drafts, grid = [(4, 1, 64, 1, 64, 16, 4)], [(4, 1, 64, 2, 64, 16, 1)]
+    start, ratios = time.monotonic(), {}
+    for cell in drafts + grid:
+        if time.monotonic() - start > float(budget_s):
+            print(f"time budget spent: {len(ratios)} of {len(drafts) + len(grid)} cases timed", flush=True)
+            break
+        Hq, Hkv, D, B, L, P, q_len = cell
+        case = bench_paged.make_case(B, Hq, Hkv, D, L, P, DEV)
+        runs = {name: bench_paged.run_ours(case, D**-0.5, q_len, attn=attn)
+                for name, attn in (("old", old), ("new", ours.flash_attn_with_kvcache))}
+        diff = (runs["new"]().float() - runs["old"]().float()).abs().max().item()
+        replays = {name: capture_graph(run) or run for name, run in runs.items()}
+        times = {name: [] for name in replays}
+        for _ in range(2):
+            for name, replay in replays.items():
+                times[name].append(bench_ms(replay, warmup=5, rep=20) * 1e3)
+        ratios[cell] = min(times["new"]) / min(times["old"])
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P} q{q_len}: old {min(times['old']):.1f} us new {min(times['new']):.1f} us "
+              f"new/old {ratios[cell]:.3f} max|diff| {diff:.1e}", flush=True)
+        del case, runs, replays
+    values = list(ratios.values())
+    print(f"new/old over {len(values)} cases: min {min(values):.3f} ({min(ratios, key=ratios.get)}), "
+          f"geomean {geomean(values):.3f}, below 0.98: {sum(v < 0.98 for v in values)}")
+
+
 if __name__ == "__main__":
-    print(torch.cuda.get_device_name())
+    print(_device.describe()["device"])
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
-     "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling}[sys.argv[1]]()
+     "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling,
+     "ab_paged": ab_paged}[sys.argv[1]](*sys.argv[2:])

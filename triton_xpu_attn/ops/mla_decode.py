@@ -44,6 +44,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
     validate_lengths_and_pages,
@@ -558,6 +559,9 @@ def flash_mla_decode(
             raise ValueError("workspace must be 16-byte aligned")
     if batch == 0 or num_heads == 0:
         return (out, lse) if return_lse else out
+    # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
+    dest = out
+    q_nope, q_pe, cache, out = interpreter_float32(q_nope, q_pe, cache, out)
 
     # work bucket: programs at the smallest (16-row) tile against the device's compute units
     work = tune.work_bucket(batch * cdiv(rows, 16), compute_units)
@@ -611,9 +615,11 @@ def flash_mla_decode(
             PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 1)),
             SPLIT=splits > 1,
             WRITE_LSE=splits > 1 or lse is not None,
-            DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+            DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             **tune.launch_options(config),
         )
         if splits > 1:
             combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units)
-    return (out, lse) if return_lse else out
+    if out is not dest:
+        dest.copy_(out)
+    return (dest, lse) if return_lse else dest

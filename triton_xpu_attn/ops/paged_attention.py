@@ -29,6 +29,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
     validate_lengths_and_pages,
@@ -260,7 +261,11 @@ def _paged_attention_kernel(
     hi = tl.where(window_right >= 0, tl.minimum(kv_len, last_pos + window_right + 1), kv_len)
     if CAUSAL:
         hi = tl.minimum(hi, last_pos + 1)
-    lo = (lo // BLOCK_N) * BLOCK_N  # tiles start on BLOCK_N boundaries: whole-page tiles
+    # tiles start on BLOCK_N boundaries (whole-page tiles); the keys between the aligned start and
+    # the first row's window start are never loaded: no query sees them, and a freed slot may hold
+    # NaN, which a masked score does not stop (0 * NaN in P @ V)
+    first_key = lo
+    lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(hi, lo)
 
     if SPLIT_KV:
@@ -299,16 +304,14 @@ def _paged_attention_kernel(
         safe_hi = tl.minimum(safe_hi, first_pos + 1)
     mid_lo = start + tl.cdiv(tl.maximum(safe_lo - start, 0), BLOCK_N) * BLOCK_N
     mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
-    # the first key any row sees: keys left of it (in the first, page-aligned tile) are never loaded
-    key_lo = tl.where(window_left >= 0, tl.maximum(first_pos - window_left, 0), 0)
     if KV_DESC:
-        # descriptors read whole rows: tiles that can hold a slot no query may see (left of key_lo,
+        # descriptors read whole rows: tiles that can hold a slot no query may see (left of first_key,
         # past `end`) go through masked pointer loads, the rest through descriptors
-        desc_lo = tl.minimum(start + tl.cdiv(tl.maximum(key_lo - start, 0), BLOCK_N) * BLOCK_N, end)
+        desc_lo = tl.minimum(start + tl.cdiv(tl.maximum(first_key - start, 0), BLOCK_N) * BLOCK_N, end)
         desc_hi = desc_lo + ((end - desc_lo) // BLOCK_N) * BLOCK_N
         for n0 in range(start, desc_lo, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
         # each tile's cache row is read from the page table one tile ahead, so the descriptor
@@ -324,13 +327,13 @@ def _paged_attention_kernel(
                 BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, key_lo, end, True, row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, key_lo, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
 
@@ -764,6 +767,9 @@ def flash_attn_with_kvcache(
     splits = max(1, splits)
     min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
+    # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
+    dest = out
+    q, k_cache, v_cache, out = interpreter_float32(q, k_cache, v_cache, out)
     kv_descriptors = _kv_descriptors(k_cache, v_cache, config, device) or (None, None)
     lse_arg = lse if lse is not None else out
 
@@ -847,4 +853,6 @@ def flash_attn_with_kvcache(
         _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
             combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
-    return (out, lse) if return_softmax_lse else out
+    if out is not dest:
+        dest.copy_(out)
+    return (dest, lse) if return_softmax_lse else dest
