@@ -609,7 +609,8 @@ def test_page_tables_empty_batch_and_zero_lengths():
     assert normalize_page_table(r2t, empty_i64, _i32([]), 4, max_pages=3).shape == (0, 3)
     assert C.normalize_page_table(r2t, empty_i64, _i32([]), 4, 3).shape == (0, 3)
     got = normalize_page_table(r2t, torch.tensor([1, 0], device=DEVICE), _i32([0, 5]), 4, max_pages=3)
-    assert got.cpu().tolist() == [[0, 0, 0], [0, 1, 0]]  # a zero-length row: all dummy page 0
+    # sglang's req_to_token[rpi][:, ::4][:, :3] // 4, whatever the lengths: a zero-length row too
+    assert got.cpu().tolist() == [[4, 5, 6], [0, 1, 2]]
     mapping = torch.tensor([3, 2, 1, -1], device=DEVICE)
     for fn in (translate_loc_from_full_to_swa, C.translate_loc_from_full_to_swa):
         got = fn(mapping, torch.zeros(0, 3, dtype=torch.int64, device=DEVICE))
@@ -733,9 +734,12 @@ BAD_INPUT = [
     ("dtype", "`q` int32", _PA, _paged_args(q=torch.zeros(3, 4, 64, dtype=torch.int32)), TypeError,
      "q must have dtype in (float16, bfloat16, float32), got int32"),
     ("dtype", "`page_table` int64", _PA, _paged_args(page_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError,
-     "page_table must have dtype in (int32), got int64"),
+     "page_table must have dtype in (int32), got int64: convert it with page_table.to(torch.int32)"),
+    ("dtype", "`cache_seqlens` int64", _PA, _paged_args(cache_seqlens=torch.tensor([3, 5])), TypeError,
+     "cache_seqlens must have dtype in (int32), got int64: convert it with cache_seqlens.to(torch.int32)"),
     ("dtype", "`k_cache` fp16 under an fp32 `q`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, dtype=torch.float16)), TypeError,
-     "k_cache must have dtype in (float32, float8_e4m3fn, float8_e5m2), got float16"),
+     "k_cache's dtype (float16) does not match q's (float32): the cache must have q's dtype or be fp8 "
+     "(float8_e4m3fn, float8_e5m2) with k_descale/v_descale"),
     ("dtype", "`seq_lens` float32", _MLA, _mla_args(seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype in (int32, int64), got float32"),
     ("dtype", "`v_b` fp16, `v_a` fp32", _MERGE, _merge_args(v_b=torch.zeros(3, 2, 16, dtype=torch.float16)), TypeError,
      "v_b must have dtype in (float32), got float16"),
@@ -751,6 +755,8 @@ BAD_INPUT = [
     ("shape", "`q` with D = 128 over a D = 64 cache", _PA, _paged_args(q=torch.zeros(3, 4, 128)), ValueError, "q's head dim (128) must equal k_cache's (64)"),
     ("shape", "`cu_seqlens_q` of length 2 for B = 2", _PA, _paged_args(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), ValueError,
      "len(cu_seqlens_q) must be B + 1 = 3 (B from page_table and cache_seqlens), got 2"),
+    ("shape", "`page_table` with 3 rows for 2 `cache_seqlens`", _PA, _paged_args(page_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+     "page_table has 3 rows but cache_seqlens has 2 entries: both need one per request"),
     ("shape", "cache rows of 56 channels for R + Dr = 48", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 56)), ValueError,
      "kv_c_and_k_pe_cache rows hold 56 channels but q_nope/q_pe give R + Dr = 32 + 16 = 48"),
     ("shape", "`s_a` `[2, 3]` for `v_a` `[3, 2, 16]`", _MERGE, _merge_args(s_a=torch.zeros(2, 3)), ValueError, "s_a must have shape [3, 2], got [2, 3]"),

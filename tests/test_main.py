@@ -15,3 +15,21 @@ def test_self_check_passes_and_lists_every_op(capsys, monkeypatch):
                "make_local_attention_virtual_batches", "prepare_swa_spec_page_table", "flash_mla_decode"):
         assert op in out
     assert "7 passed, 0 failed" in out
+
+
+def test_self_check_says_what_its_compute_unit_count_is(capsys, monkeypatch):
+    """Issue 19 item 7: under the interpreter the compute-unit count is nominal (the split
+    heuristics' assumption) and the header says so beside the real core count."""
+    import os
+
+    from triton_xpu_attn import device
+
+    monkeypatch.setattr(sys, "argv", ["triton_xpu_attn"])
+    with pytest.raises(SystemExit):
+        runpy.run_module("triton_xpu_attn", run_name="__main__")
+    header = capsys.readouterr().out.splitlines()[0]
+    units = device.compute_units()
+    if device.backend() == "interpreter":
+        assert f"({units} nominal compute units, what split counts assume here; {os.cpu_count()} CPU cores)" in header
+    else:
+        assert f"({units} compute units)" in header

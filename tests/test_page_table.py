@@ -60,6 +60,58 @@ def test_normalize_page_table_matches_reference(page_size, batch, data, mapped, 
     assert torch.equal(got.cpu(), expected)
 
 
+def _sglang_expression(req_to_token, req_pool_indices, page_size, max_pages, full_to_swa=None):
+    """What normalize_page_table replaces: req_to_token[req_pool_indices][:, ::P][:, :max_pages] // P
+    (slots translated by full_to_swa first), widened with 0 past req_to_token's width."""
+    table = req_to_token[req_pool_indices][:, ::page_size][:, :max_pages]
+    if full_to_swa is not None:
+        table = full_to_swa[table]
+    table = table // page_size
+    out = torch.zeros(len(req_pool_indices), max_pages, dtype=torch.int32)
+    out[:, : table.shape[1]] = table
+    return out
+
+
+@given(
+    page_size=st.sampled_from(PAGE_SIZES),
+    batch=st.integers(0, 4),
+    data=st.data(),
+    mapped=st.booleans(),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+)
+def test_normalize_page_table_equals_sglangs_expression(page_size, batch, data, mapped, index_dtype):
+    """Issue 19 item 4: bitwise equal to the expression on every column it defines, 0 beyond, for
+    any lengths (columns past a request's pages keep req_to_token's values, stale ones and -1
+    included); seq_lens only sizes the default width."""
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    pool_rows = batch + 2
+    width = data.draw(st.integers(1, 3 * page_size + 5))
+    mapping_len = 50 * page_size
+    # arbitrary slots, not page-aligned runs: stale entries of freed pages and the "no slot" -1
+    req_to_token = torch.randint(-1, mapping_len - 1, (pool_rows, width), generator=gen, dtype=index_dtype)
+    req_pool_indices = torch.randint(0, pool_rows, (batch,), generator=gen, dtype=torch.int64)
+    seq_lens = torch.randint(0, width + 1, (batch,), generator=gen, dtype=torch.int32)
+    full_to_swa = None
+    if mapped:
+        full_to_swa = torch.randint(-1, 1000, (mapping_len,), generator=gen, dtype=torch.int64)
+        full_to_swa[-1] = -1
+    widths = [-(-width // page_size) + data.draw(st.integers(0, 2)), data.draw(st.integers(0, -(-width // page_size)))]
+    for max_pages in widths:
+        expected = _sglang_expression(req_to_token, req_pool_indices, page_size, max_pages, full_to_swa)
+        got = normalize_page_table(
+            req_to_token.to(DEVICE), req_pool_indices.to(DEVICE), seq_lens.to(DEVICE), page_size, max_pages=max_pages,
+            full_to_swa=None if full_to_swa is None else full_to_swa.to(DEVICE),
+        )
+        assert got.dtype == torch.int32 and torch.equal(got.cpu(), expected)
+        assert torch.equal(ref.normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, max_pages, full_to_swa),
+                           expected)
+    # the default width is sglang's, cdiv(max(seq_lens), P)
+    got = normalize_page_table(req_to_token.to(DEVICE), req_pool_indices.to(DEVICE), seq_lens.to(DEVICE), page_size,
+                               full_to_swa=None if full_to_swa is None else full_to_swa.to(DEVICE))
+    default = -(-int(seq_lens.max()) // page_size) if batch else 0
+    assert torch.equal(got.cpu(), _sglang_expression(req_to_token, req_pool_indices, page_size, default, full_to_swa))
+
+
 def test_normalize_page_table_hand_example():
     # page_size 4: request row 1 holds pages 3 and 5 (slots 12..15, 20..23); row 0 holds page 2
     req_to_token = torch.zeros(2, 8, dtype=torch.int32)

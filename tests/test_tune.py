@@ -10,6 +10,7 @@ import torch
 
 from conftest import DEVICE
 from triton_xpu_attn import flash_attn_with_kvcache, tune
+from triton_xpu_attn.tune import tuner
 from triton_xpu_attn.ops import paged_attention as pa_mod
 
 HEURISTIC = dict(BLOCK_N=64, num_warps=4, num_stages=2)
@@ -85,29 +86,69 @@ def test_launcher_bucket_family(monkeypatch, q_len, family):
 
 
 def test_tuner_covers_drafts_at_four_queries():
-    buckets = tune.TUNING_SPECS["paged_attention"].buckets(True)
+    buckets = tuner.TUNING_SPECS["paged_attention"].buckets(True)
     drafts = [b for b in buckets if b["q"] == "draft"]
     assert drafts and len(drafts) == len([b for b in buckets if b["q"] == "decode"])
-    problems = tune.TUNING_SPECS["paged_attention"].problems(drafts[0], True)
+    problems = tuner.TUNING_SPECS["paged_attention"].problems(drafts[0], True)
     assert problems and all(p["q_len"] == 4 for p in problems)
 
 
 def test_only_selects_buckets_by_any_of_several_values():
-    buckets = tune.TUNING_SPECS["paged_attention"].buckets(False)
-    chosen = tune.select_buckets(buckets, {"q": ("draft",), "g": ("8",), "p": ("1", "64")})
+    buckets = tuner.TUNING_SPECS["paged_attention"].buckets(False)
+    chosen = tuner.select_buckets(buckets, {"q": ("draft",), "g": ("8",), "p": ("1", "64")})
     assert chosen, "the filter kept nothing"
     assert {(b["q"], b["g"]) for b in chosen} == {("draft", 8)}
     assert {b["p"] for b in chosen} == {1, 64}
     expected = [b for b in buckets if b["q"] == "draft" and b["g"] == 8 and b["p"] in (1, 64)]
     assert chosen == expected
     # a single value given as text or int selects like a one-value tuple (no substring match: "1" is not "16")
-    assert tune.select_buckets(buckets, {"p": "1"}) == tune.select_buckets(buckets, {"p": 1}) == [b for b in buckets if b["p"] == 1]
-    assert tune.select_buckets(buckets, None) == buckets
+    assert tuner.select_buckets(buckets, {"p": "1"}) == tuner.select_buckets(buckets, {"p": 1}) == [b for b in buckets if b["p"] == 1]
+    assert tuner.select_buckets(buckets, None) == buckets
 
 
 def test_only_parsing_rejects_malformed_items(capsys):
     for bad in ("q", "=draft", "q="):
         with pytest.raises(SystemExit):
-            tune.main(["--only", bad])
+            tuner.main(["--only", bad])
         assert "expected FIELD=VALUE" in capsys.readouterr().err
 
+
+
+def test_ops_never_import_the_tuner():
+    """Issue 19 item 7: the dependency runs one way. Importing the package (every op, the custom
+    ops, the lookup) leaves the tuner unimported, and no module of the package but the tuner's
+    entry point names it; the tuner imports the ops (and still runs as `python -m ...tune`)."""
+    import ast
+    import pathlib
+    import subprocess
+    import sys
+
+    probe = ("import sys, triton_xpu_attn, triton_xpu_attn.tune; "
+             "print('triton_xpu_attn.tune.tuner' in sys.modules, 'triton_xpu_attn.tune' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert result.stdout.split() == ["False", "True"], result.stdout + result.stderr
+    package = pathlib.Path(tune.__file__).resolve().parents[1]
+    importers = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n.split(".")[-1] == "tuner" or n.endswith("tune.tuner") for n in names):
+                importers.append(str(path.relative_to(package)))
+    assert sorted(set(importers)) == ["tune/__main__.py"], importers
+    assert tuner.flash_attn_with_kvcache is not None and "paged_attention" in tuner.TUNING_SPECS
+
+
+def test_tuner_entry_point_runs():
+    """`python -m triton_xpu_attn.tune --help` still works after the split."""
+    import pathlib
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "triton_xpu_attn.tune", "--help"], capture_output=True, text=True,
+                            cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert result.returncode == 0 and "--only" in result.stdout, result.stderr

@@ -6,6 +6,7 @@ time). Exits 1 on any mismatch. Works on an Intel GPU, an NVIDIA GPU and a CPU (
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -162,8 +163,14 @@ def main() -> int:
     # the interpreter's bf16 arithmetic is broken upstream: fp32 there, bf16 on GPUs
     dtype = torch.float32 if info["backend"] == "interpreter" else torch.bfloat16
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    if info["backend"] == "interpreter":
+        # under the interpreter the count is the split heuristics' assumption, not this machine's
+        units = (f"{info['compute_units']} nominal compute units, what split counts assume here; "
+                 f"{os.cpu_count()} CPU cores")
+    else:
+        units = f"{info['compute_units']} compute units"
     print(f"triton_xpu_attn {tx.__version__} | backend {info['backend']} | device {info['device']} "
-          f"({info['compute_units']} compute units) | triton {info['triton']} | torch {info['torch']}")
+          f"({units}) | triton {info['triton']} | torch {info['torch']}")
     header = f"{'op':38} {'backend':11} {'device':28} {'config source':34} {'max rel err':>11} {'time ms':>9}  ok"
     print(header)
     print("-" * len(header))

@@ -21,7 +21,7 @@ FP8_DTYPES = tuple(
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _names(dtypes: Iterable[torch.dtype]) -> str:
+def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
@@ -43,7 +43,12 @@ def check_tensor(
     if dtypes is not None:
         dtypes = tuple(dtypes)
         if value.dtype not in dtypes:
-            raise TypeError(f"{name} must have dtype in ({_names(dtypes)}), got {_names([value.dtype])}")
+            hint = ""
+            if not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype != torch.bool \
+                    and all(not d.is_floating_point for d in dtypes):
+                # an index tensor of another integer width (torch's default is int64): say how to fix it
+                hint = f": convert it with {name if name.isidentifier() else ''}.to(torch.{dtype_names(dtypes[:1])})"
+            raise TypeError(f"{name} must have dtype in ({dtype_names(dtypes)}), got {dtype_names([value.dtype])}{hint}")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if value.dim() not in allowed:
@@ -57,8 +62,13 @@ def check_tensor(
     return value
 
 
-def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
-    """All given tensors (None skipped) must sit on one device; returns it."""
+def check_same_device(*, host_ok: bool = False, **tensors: torch.Tensor | None) -> torch.device:
+    """All given tensors (None skipped) must sit on one device; returns it.
+
+    Unless ``host_ok`` (an op with a host path for CPU inputs), that device must also be one the
+    kernels can run on (:func:`check_kernel_device`): every op that launches kernels calls this
+    before its first launch, so none ever surfaces Triton's "cannot be accessed from Triton (cpu
+    tensor?)" error."""
     device = None
     first = None
     for name, t in tensors.items():
@@ -68,7 +78,22 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
             device, first = t.device, name
         elif t.device != device:
             raise ValueError(f"{name} is on {t.device} but {first} is on {device}: all inputs must be on one device")
+    if device is not None and not host_ok:
+        check_kernel_device(first, device)
     return device
+
+
+def check_kernel_device(name: str, device: torch.device) -> None:
+    """``ValueError`` naming ``name`` and both devices when ``device`` is the CPU but the kernels
+    run on a GPU (the compiled backends cannot read host memory; only the interpreter runs on the
+    CPU)."""
+    backend = _device.backend()
+    if device.type == "cpu" and backend != "interpreter":
+        gpu = _device.default_device()
+        raise ValueError(
+            f"{name} is on cpu but kernels run on {gpu} here (the {backend} backend): move the inputs to "
+            f"the GPU, e.g. {name}.to({str(gpu)!r})"
+        )
 
 
 def check_page_size(page_size: Any, name: str = "page_size") -> int:

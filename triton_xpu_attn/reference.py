@@ -149,18 +149,24 @@ def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
 
 
 def normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, max_pages=None, full_to_swa=None):
-    """Page-granular table from a token-granular ``req_to_token`` (int32 ``[B, max_pages]``)."""
+    """Page-granular table from a token-granular ``req_to_token`` (int32 ``[B, max_pages]``):
+    ``req_to_token[req_pool_indices][:, ::P][:, :max_pages] // P`` (Python's floor division) on
+    every column that expression has, whatever ``seq_lens`` says, and 0 past ``req_to_token``'s
+    width. ``full_to_swa`` translates each slot first (index -1 wraps to the last entry, as torch
+    indexing does; a slot outside the mapping gives -1). ``seq_lens`` only sizes the default width."""
     seq_lens = [int(x) for x in seq_lens]
     if max_pages is None:
         max_pages = -(-max(seq_lens, default=0) // page_size)
     out = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
-    for b, n in enumerate(seq_lens):
+    width = req_to_token.shape[1]
+    for b in range(len(seq_lens)):
         row = req_to_token[int(req_pool_indices[b])]
-        for p in range(min(-(-n // page_size), max_pages)):
+        for p in range(min(-(-width // page_size), max_pages)):
             slot = int(row[p * page_size])
             if full_to_swa is not None:
-                slot = int(full_to_swa[slot])
-            out[b, p] = -1 if slot < 0 else slot // page_size
+                index = slot + len(full_to_swa) if slot < 0 else slot
+                slot = int(full_to_swa[index]) if 0 <= index < len(full_to_swa) else -1
+            out[b, p] = slot // page_size
     return out
 
 

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import device as _device
 from .._common import (
     INDEX_DTYPES,
     cdiv,
@@ -274,11 +275,14 @@ def _check_out(out, num_out: int | None, pages_per_chunk: int, device: torch.dev
 
 def make_local_attention_virtual_batches(
     attn_chunk_size: int,
-    query_start_loc,
-    seq_lens,
-    block_table: torch.Tensor,
-    page_size: int,
+    query_start_loc=None,
+    seq_lens=None,
+    block_table: torch.Tensor | None = None,
+    page_size: int | None = None,
+    preserve_attn_chunk_size: bool = True,
     *,
+    query_start_loc_np=None,
+    seq_lens_np=None,
     max_virtual_batches: int | None = None,
     validate: bool = False,
     num_pages: int | None = None,
@@ -306,10 +310,17 @@ def make_local_attention_virtual_batches(
     which attention never reads (reads stop at ``seqlens_k_local[v]``); it keeps every load inside
     the table.
 
-    Unlike sglang's host version the chunk is **not** clamped to ``max(seq_lens)``: with
-    ``page_size > 1`` that clamp moves chunk boundaries and changes which keys a query sees.
-    One deliberate difference from vLLM: a request with ``seq_lens[b] == 0`` gets ``last_k = 0``
-    (vLLM's formula would give ``C`` keys that do not exist).
+    By default the chunk is **not** clamped to ``max(seq_lens)`` (``preserve_attn_chunk_size=True``,
+    what sglang's FlashAttention backend passes): with ``page_size > 1`` sglang's default clamp moves
+    chunk boundaries and changes which keys a query sees. One deliberate difference from vLLM: a
+    request with ``seq_lens[b] == 0`` gets ``last_k = 0`` (vLLM's formula would give ``C`` keys
+    that do not exist).
+
+    Called as sglang calls it (keywords ``query_start_loc_np``/``seq_lens_np``, numpy arrays, a
+    block table on the CPU) it returns what sglang's host function returns: three int32 numpy
+    arrays and the table as a torch tensor beside ``block_table``. Inputs on the CPU while the
+    kernels run on a GPU take a host path (torch on the CPU, same results as the kernels): CPU in,
+    CPU out.
 
     Example (sglang, token-granular ``req_to_token``: make it page-granular first)::
 
@@ -324,17 +335,26 @@ def make_local_attention_virtual_batches(
         ``C``, the attention chunk in tokens; a positive multiple of ``page_size``.
     query_start_loc : torch.Tensor or numpy.ndarray
         ``[B+1]`` int32/int64: cumulative query counts (``cu_seqlens_q``), non-decreasing.
+        ``query_start_loc_np`` (sglang's keyword) is the same argument; give one of the two.
     seq_lens : torch.Tensor or numpy.ndarray
         ``[B]`` int32/int64: KV length of each request **including** its new query tokens
         (``seq_lens[b] >= q_len[b]``). Pass both as numpy arrays (sglang's drop-in call) and the
         three length outputs come back as numpy arrays, at the cost of host<->device copies.
+        ``seq_lens_np`` (sglang's keyword) is the same argument; give one of the two.
     block_table : torch.Tensor
         ``[B, max_pages]`` int32/int64, **page-granular**: ``block_table[b, p]`` is the physical page
         of logical page ``p`` (tokens ``p*P .. p*P+P-1``) of request ``b``; any strides. The
-        computation runs on its device. A token-granular ``req_to_token`` must go through
-        :func:`normalize_page_table` first.
+        computation runs on its device (on the CPU under a GPU backend: the host path). A
+        token-granular ``req_to_token`` must go through :func:`normalize_page_table` first.
     page_size : int
         ``P``, tokens per page: a power of two from 1 to 256 dividing ``attn_chunk_size``.
+    preserve_attn_chunk_size : bool
+        ``True`` (default): use ``attn_chunk_size`` as given. ``False``: sglang's default, its
+        "sequence-length-based chunk normalization": the chunk becomes ``max(P, (min(C,
+        max(seq_lens)) // P) * P)`` first (so ``C`` need only be a page multiple after it), which
+        reproduces sglang's host function bit for bit, including its change of chunk boundaries
+        when ``max(seq_lens)`` is not a page multiple. It reads ``max(seq_lens)`` on the host, so
+        not in graph mode (``max_virtual_batches``/``out``).
     max_virtual_batches : int, optional
         Graph mode. Every output gets this fixed size ``M``; virtual batches ``V .. M-1`` are unused:
         q and k lengths 0, ``cu_seqlens_q_local`` stays at the total query count, table rows 0.
@@ -373,8 +393,10 @@ def make_local_attention_virtual_batches(
         ``[V, C // P]`` int32 page-granular table of each virtual batch's chunk, on the device.
 
     ``V`` is ``max_virtual_batches`` in graph mode. Numpy inputs give numpy arrays for the three
-    lengths (like sglang's version) and a device tensor for the table.
+    lengths (like sglang's version) and a tensor on ``block_table``'s device for the table.
     """
+    query_start_loc = _one_of("query_start_loc", query_start_loc, query_start_loc_np)
+    seq_lens = _one_of("seq_lens", seq_lens, seq_lens_np)
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
     numpy_mode = isinstance(query_start_loc, np.ndarray)
@@ -382,14 +404,15 @@ def make_local_attention_virtual_batches(
         raise TypeError("query_start_loc and seq_lens must both be numpy arrays or both be torch tensors")
     chunk = check_positive_int(_as_int(attn_chunk_size), "attn_chunk_size")
     page_size = check_page_size(_as_int(page_size))
-    if chunk % page_size:
-        raise ValueError(f"attn_chunk_size ({chunk}) must be a multiple of page_size ({page_size})")
-    pages_per_chunk = chunk // page_size
+    if not isinstance(preserve_attn_chunk_size, (bool, np.bool_)):
+        raise TypeError(f"preserve_attn_chunk_size must be a bool, got {type(preserve_attn_chunk_size).__name__}")
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
     if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, numbers.Integral) or num_pages < 0):
         raise ValueError(f"num_pages must be a non-negative int, got {num_pages!r}")
     device = block_table.device
+    # CPU inputs while the kernels run on a GPU: the host path (CPU in, CPU out)
+    on_host = device.type == "cpu" and _device.backend() != "interpreter"
     query_start_loc = _lengths_to_tensor("query_start_loc", query_start_loc, device)
     seq_lens = _lengths_to_tensor("seq_lens", seq_lens, device)
     check_tensor("query_start_loc", query_start_loc, dtypes=INDEX_DTYPES, ndim=1)
@@ -400,7 +423,18 @@ def make_local_attention_virtual_batches(
     check_tensor("block_table", block_table, dtypes=INDEX_DTYPES, ndim=2)
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have B = {batch} rows (one per request), got shape {list(block_table.shape)}")
-    check_same_device(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    check_same_device(host_ok=on_host, block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    if not preserve_attn_chunk_size:
+        if max_virtual_batches is not None or out is not None:
+            raise ValueError(
+                "preserve_attn_chunk_size=False clamps the chunk to max(seq_lens), a host read: not with "
+                "max_virtual_batches/out (graph mode)"
+            )
+        if batch > 0:  # sglang's normalization (its numpy max raises on an empty batch; we keep C)
+            chunk = max(page_size, min(chunk, int(seq_lens.max())) // page_size * page_size)
+    if chunk % page_size:
+        raise ValueError(f"attn_chunk_size ({chunk}) must be a multiple of page_size ({page_size})")
+    pages_per_chunk = chunk // page_size
     if max_virtual_batches is not None:
         max_virtual_batches = _as_int(max_virtual_batches)
         if isinstance(max_virtual_batches, bool) or not isinstance(max_virtual_batches, int) or max_virtual_batches < 0:
@@ -417,6 +451,11 @@ def make_local_attention_virtual_batches(
     max_pages = block_table.shape[1]
     if validate:
         _validate_lengths(query_start_loc, seq_lens, page_size, max_pages)
+
+    if on_host:
+        out = _virtual_batches_on_host(query_start_loc, seq_lens, block_table, chunk, page_size,
+                                       max_virtual_batches, validate, out)
+        return _finish(out, validate, page_size, num_pages, numpy_mode)
 
     # graph mode without validation: one fused launch (count inside the fill kernel) for batches
     # up to _FUSED_MAX_BATCH; otherwise the count kernel first
@@ -485,6 +524,13 @@ def make_local_attention_virtual_batches(
                 BLOCK_B=block_b,
                 num_warps=num_warps,
             )
+    return _finish(out, validate, page_size, num_pages, numpy_mode)
+
+
+def _finish(out: tuple, validate: bool, page_size: int, num_pages: int | None, numpy_mode: bool) -> tuple:
+    """The four outputs as returned: checked with ``validate``; the three lengths as numpy arrays
+    for numpy inputs (sglang's return types)."""
+    seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local = out
     if validate:
         _validate_entries(seqlens_k_local, block_table_local, page_size, num_pages)
     if numpy_mode:
@@ -495,6 +541,69 @@ def make_local_attention_virtual_batches(
             block_table_local,
         )
     return seqlens_q_local, cu_seqlens_q_local, seqlens_k_local, block_table_local
+
+
+def _one_of(name: str, value, sglang_value):
+    """``name`` or its sglang spelling ``name + '_np'``: exactly one must be given."""
+    if value is not None and sglang_value is not None:
+        raise TypeError(f"give {name} or {name}_np (sglang's name), not both")
+    if value is None and sglang_value is None:
+        raise TypeError(f"make_local_attention_virtual_batches() missing {name} (or {name}_np)")
+    return value if value is not None else sglang_value
+
+
+def _virtual_batches_on_host(query_start_loc, seq_lens, block_table, chunk: int, page_size: int,
+                             max_virtual_batches: int | None, validate: bool, out: tuple | None) -> tuple:
+    """The kernels' results computed by torch on the CPU (inputs on the CPU under a GPU backend).
+
+    Same formulas as ``_request_geometry`` and the fill kernel, invalid input included (lengths
+    clamped at 0, table columns clamped into the table), so both paths give equal outputs."""
+    batch, max_pages = block_table.shape
+    pages_per_chunk = chunk // page_size
+    qsl = query_start_loc.long()
+    q0, q1 = qsl[:-1], qsl[1:]
+    q = (q1 - q0).clamp_min(0)
+    s = seq_lens.long().clamp_min(0)
+    first = torch.minimum(chunk - (s - q).clamp_min(0) % chunk, q)
+    nblk = 1 + (q - first + chunk - 1) // chunk
+    last_k = torch.where(s > 0, (s - 1) % chunk + 1, torch.zeros_like(s))
+    needed = int(nblk.sum())
+    num_out = needed if max_virtual_batches is None else max_virtual_batches
+    if validate and needed > num_out:
+        raise ValueError(f"the batch needs {needed} virtual batches, more than max_virtual_batches = {num_out}")
+    v = torch.arange(num_out + 1)
+    active = v < needed
+    b = torch.repeat_interleave(torch.arange(batch), nblk)[: num_out + 1]
+    b = torch.cat([b, torch.zeros(num_out + 1 - b.shape[0], dtype=torch.long)])
+    a = v - (torch.cumsum(nblk, 0) - nblk)[b] if batch else v
+    zero = torch.zeros_like(v)
+    if batch:
+        nb, qb, fb, lb, sb = nblk[b], q[b], first[b], last_k[b], s[b]
+        q_local = torch.where(a == 0, fb, torch.minimum(qb - fb - chunk * (a - 1), torch.full_like(a, chunk)))
+        q_before = torch.where(a == 0, zero, fb + chunk * (a - 1))
+        k_local = torch.where(a == nb - 1, lb, torch.full_like(a, chunk))
+        base, end = qsl[0], qsl[batch]
+        cu = torch.where(active, q0[b] - base + q_before, end - base)
+        k_start = (sb - ((nb - 1 - a) * chunk + lb)).clamp_min(0)
+        cols = (k_start // page_size)[:, None] + torch.arange(pages_per_chunk)[None, :]
+        cols = cols.clamp(0, max(max_pages - 1, 0))
+        read = active[:, None] & (max_pages > 0)
+        entries = block_table[b[:, None], cols] if max_pages > 0 else torch.zeros_like(cols)
+        table = torch.where(read, entries.long(), 0)
+    else:
+        q_local = k_local = cu = zero
+        table = torch.zeros(num_out + 1, pages_per_chunk, dtype=torch.long)
+    results = (
+        torch.where(active, q_local, zero)[:num_out],
+        cu,
+        torch.where(active, k_local, zero)[:num_out],
+        table[:num_out],
+    )
+    if out is None:
+        return tuple(t.to(torch.int32) for t in results)
+    for dst, src in zip(out, results):
+        dst.copy_(src)
+    return tuple(out)
 
 
 def _validate_lengths(query_start_loc, seq_lens, page_size: int, max_pages: int) -> None:

@@ -41,7 +41,6 @@ def _normalize_page_table_kernel(
     stride_rt_col,
     rt_width,
     req_pool_indices_ptr,
-    seq_lens_ptr,
     full_to_swa_ptr,
     mapping_len,
     out_ptr,
@@ -51,18 +50,19 @@ def _normalize_page_table_kernel(
     HAS_MAPPING: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """``out[b, p] = req_to_token[req_pool_indices[b], p * P] // P`` (floor division, the slot
+    translated first with a mapping) for every column inside ``req_to_token``; 0 past its width."""
     b = tl.program_id(0)
     pages = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
-    num_pages = (seq_len + PAGE_SIZE - 1) // PAGE_SIZE
     first_token = pages.to(tl.int64) * PAGE_SIZE
-    valid = (pages < num_pages) & (first_token < rt_width)
+    valid = first_token < rt_width
     slot = tl.load(req_to_token_ptr + row * stride_rt_row + first_token * stride_rt_col, mask=valid, other=0)
     if HAS_MAPPING:
         slot = _translate_full_to_swa(slot, full_to_swa_ptr, mapping_len)
-    # slot // P with a negative slot (an untranslatable one) kept as -1 rather than rounded to page 0
-    page = tl.where(slot < 0, -1, slot // PAGE_SIZE)
+    # floor division, as torch's `//` (-1, an untranslatable slot, stays -1); written on positive
+    # operands only, since compiled Triton truncates a negative quotient
+    page = tl.where(slot < 0, -((PAGE_SIZE - 1 - slot) // PAGE_SIZE), slot // PAGE_SIZE)
     page = tl.where(valid, page, 0)
     tl.store(out_ptr + b.to(tl.int64) * stride_out_row + pages, page.to(tl.int32), mask=pages < max_pages)
 
@@ -99,7 +99,7 @@ register_xpu_compile(
     "P16,mapping",
     dict(
         req_to_token_ptr="*i32", stride_rt_row="i64", stride_rt_col="i32", rt_width="i32",
-        req_pool_indices_ptr="*i64", seq_lens_ptr="*i32", full_to_swa_ptr="*i64", mapping_len="i64",
+        req_pool_indices_ptr="*i64", full_to_swa_ptr="*i64", mapping_len="i64",
         out_ptr="*i32", stride_out_row="i32", max_pages="i32", PAGE_SIZE=16, HAS_MAPPING=True, BLOCK=128,
     ),
     num_warps=4,
@@ -135,9 +135,16 @@ def normalize_page_table(
 ) -> torch.Tensor:
     """Build a page-granular page table from sglang's token-granular ``req_to_token``.
 
-    ``out[b, p] = req_to_token[req_pool_indices[b], p * page_size] // page_size`` for
-    ``p < cdiv(seq_lens[b], page_size)``, and 0 (the pool's dummy page) after. The allocator keeps
-    each page's slots contiguous and page-aligned, so the first slot of a page names the page.
+    The result equals the expression it replaces in sglang's XPU backend,
+    ``req_to_token[req_pool_indices][:, ::P][:, :max_pages] // P``, on every column that
+    expression defines (every ``p`` with ``p * P < req_to_token.shape[1]``), bitwise, whatever
+    ``seq_lens`` says: columns past a request's pages keep ``req_to_token``'s values (divided),
+    as engines that compare tables expect. Columns beyond ``req_to_token``'s width are 0 (the
+    pool's dummy page). The allocator keeps each page's slots contiguous and page-aligned, so the
+    first slot of a page names the page. ``//`` is floor division, as torch's (a slot of -1
+    gives -1). With ``full_to_swa`` each slot is translated first:
+    ``full_to_swa[req_to_token[req_pool_indices][:, ::P][:, :max_pages]] // P``, a slot outside
+    the mapping giving -1.
 
     Parameters
     ----------
@@ -147,12 +154,14 @@ def normalize_page_table(
     req_pool_indices : torch.Tensor
         ``[B]`` int32/int64: which row of ``req_to_token`` each request uses.
     seq_lens : torch.Tensor
-        ``[B]`` int32/int64: KV length of each request (tokens, including new ones).
+        ``[B]`` int32/int64: KV length of each request (tokens, including new ones); only sizes
+        the default width.
     page_size : int
         Tokens per page, a power of two from 1 to 256.
     max_pages : int, optional
-        Width of the result. Default ``cdiv(max(seq_lens), page_size)``, which reads ``seq_lens``
-        on the host; give ``max_pages`` (or ``out``) to keep the call free of host syncs.
+        Width of the result. Default ``cdiv(max(seq_lens), page_size)`` (sglang's width), which
+        reads ``seq_lens`` on the host; give ``max_pages`` (or ``out``) to keep the call free of
+        host syncs.
     out : torch.Tensor, optional
         ``[B, max_pages]`` int32 destination (last dim contiguous); every element is written.
     full_to_swa : torch.Tensor, optional
@@ -199,7 +208,6 @@ def normalize_page_table(
             req_to_token.stride(1),
             req_to_token.shape[1],
             req_pool_indices,
-            seq_lens,
             mapping,
             mapping.numel(),
             out,

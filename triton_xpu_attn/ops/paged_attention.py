@@ -29,6 +29,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    dtype_names,
     interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
@@ -418,13 +419,17 @@ _register_compile_variants()
 #: (device, dtypes, constexprs) -> programs of the split kernel the device runs at once (or None)
 _RESIDENT_PROGRAMS: dict = {}
 
+#: arguments of sgl-kernel-xpu's signature that would change the result and are not implemented:
+#: anything but None raises, naming the argument (never silently dropped). Arguments that change
+#: nothing on their own are accepted and ignored instead: ``rotary_seqlens`` and
+#: ``rotary_interleaved`` without ``rotary_cos`` (sglang's XPU backend passes ``rotary_seqlens``),
+#: and the hints ``max_seqlen_k``, ``scheduler_metadata``, ``pack_gqa``, ``sm_margin``.
 _UNSUPPORTED = {
     "k": "appending new keys inside the call is not supported: write k/v into the cache first",
     "v": "appending new values inside the call is not supported: write k/v into the cache first",
     "qv": "qv (absorbed-MLA extend) is not supported: use flash_mla_decode for MLA",
     "rotary_cos": "rotary embedding inside attention is not supported: apply it to q/k beforehand",
     "rotary_sin": "rotary embedding inside attention is not supported: apply it to q/k beforehand",
-    "rotary_seqlens": "rotary embedding inside attention is not supported",
     "cache_batch_idx": "cache_batch_idx is not supported: index page_table instead",
     "cache_leftpad": "cache_leftpad is not supported",
     "cu_seqlens_k_new": "cu_seqlens_k_new (in-call cache append) is not supported",
@@ -577,9 +582,10 @@ def flash_attn_with_kvcache(
         with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
         or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
         power of two from 1 to 256. Offsets are 64-bit: caches beyond 2^31 elements work.
-    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, rotary_seqlens, q_descale
-        Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` (these
-        features are not implemented, and are never silently dropped).
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, q_descale
+        Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` naming
+        the argument (these features would change the result and are not implemented; they are
+        never silently dropped).
     cache_seqlens : torch.Tensor or int
         ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
     page_table : torch.Tensor
@@ -591,8 +597,11 @@ def flash_attn_with_kvcache(
     max_seqlen_q : int, optional
         Longest query length of the batch (a promise, as in FlashAttention). When given it sizes
         the grid directly; otherwise requests are found by a binary search on the device.
-    max_seqlen_k, rotary_interleaved, scheduler_metadata, pack_gqa, sm_margin
+    max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin
         Hints accepted for compatibility and ignored (GQA packing is always on).
+    rotary_seqlens, rotary_interleaved
+        Accepted and ignored: they only qualify ``rotary_cos``/``rotary_sin``, which must be
+        ``None`` (sglang's XPU backend passes ``rotary_seqlens`` on every call).
     k_descale, v_descale : float or torch.Tensor, optional
         Dequantisation factors of an fp8 cache: a scalar or ``[B, H_kv]``. The K factor folds into
         the softmax scale; the V factor multiplies the output.
@@ -632,15 +641,19 @@ def flash_attn_with_kvcache(
     for name, value in (
         ("k", k), ("v", v), ("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
         ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
+        ("cu_seqlens_k_new", cu_seqlens_k_new), ("q_descale", q_descale),
     ):
         if value is not None:
             raise ValueError(f"{name}: {_UNSUPPORTED[name]}")
 
     # ---- shapes and dtypes ----
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
-    kv_dtypes = (q.dtype,) + FP8_DTYPES
-    check_tensor("k_cache", k_cache, dtypes=kv_dtypes, ndim=4, last_dim_contiguous=True)
+    check_tensor("k_cache", k_cache, ndim=4, last_dim_contiguous=True)
+    if k_cache.dtype != q.dtype and k_cache.dtype not in FP8_DTYPES:
+        raise TypeError(
+            f"k_cache's dtype ({dtype_names([k_cache.dtype])}) does not match q's ({dtype_names([q.dtype])}): the cache must "
+            f"have q's dtype or be fp8 ({dtype_names(FP8_DTYPES)}) with k_descale/v_descale"
+        )
     check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, last_dim_contiguous=True)
     num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
     check_page_size(page_size, "page_size (k_cache.shape[1])")
@@ -663,7 +676,11 @@ def flash_attn_with_kvcache(
     batch = page_table.shape[0]
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
+    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), ndim=1)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(
+            f"page_table has {batch} rows but cache_seqlens has {cache_seqlens.shape[0]} entries: both need one per request"
+        )
     if not cache_seqlens.is_contiguous():
         cache_seqlens = cache_seqlens.contiguous()
 
