@@ -374,3 +374,25 @@ def test_gpu_prefill_sizes_bf16(shape):
         got, lse, out_ref, lse_ref = run_problem(pb)
         assert_close(got, out_ref, torch.bfloat16)
         check_lse(lse, lse_ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("max_q, family", [(1, "decode"), (4, "draft"), (32, "varlen")])
+def test_config_bucket_family(monkeypatch, max_q, family):
+    """Prefill-sized varlen calls look up their own "varlen" buckets (page field 256 by
+    convention), falling back to a file's "prefill" buckets; decode-sized ones share decode's."""
+    from triton_xpu_attn.ops import paged_attention as pa_mod
+
+    asked = []
+    real = tune.lookup
+
+    def recording(op, fields, heuristic, **kw):
+        asked.append((fields["q"], fields["p"], kw.get("fallback")))
+        return real(op, fields, heuristic, **kw)
+
+    monkeypatch.setattr(pa_mod.tune, "lookup", recording)
+    q = torch.randn(2 * max_q, 4, 64, device=DEVICE, dtype=torch.float16)
+    k = torch.randn(2 * max_q, 1, 64, device=DEVICE, dtype=torch.float16)
+    cu = torch.tensor([0, max_q, 2 * max_q], dtype=torch.int32, device=DEVICE)
+    flash_attn_varlen_func(q, k, k, cu, cu, max_q, max_q, causal=True)
+    fallback = {"draft": {"q": "decode"}, "varlen": {"q": "prefill"}}.get(family)
+    assert asked == [(family, 256, fallback)]
