@@ -170,11 +170,10 @@ def _paged_attention_kernel(
     if CONTIGUOUS_KV:
         # never read past the request's slice of k / v: seqused_k can only shorten it
         kv_start = tl.load(cu_seqlens_k_ptr + b)
-        kv_bound = tl.load(cu_seqlens_k_ptr + b + 1) - kv_start
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), tl.load(cu_seqlens_k_ptr + b + 1) - kv_start)
     else:
         # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
-        kv_bound = max_pages * PAGE_SIZE
-    kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), kv_bound)
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
     pos = kv_len - q_len + q_row  # absolute position of each query row
     row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
     row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
