@@ -212,6 +212,9 @@ CPU_CALLS = {
     "flash_attn_with_kvcache": ("q", lambda: tx.flash_attn_with_kvcache(
         torch.zeros(2, 1, 4, 64), torch.zeros(6, 4, 2, 64), torch.zeros(6, 4, 2, 64),
         cache_seqlens=_i32([3, 5]), page_table=_i32([[0, 1], [2, 3]]))),
+    "flash_attn_varlen_func": ("q", lambda: tx.flash_attn_varlen_func(
+        torch.zeros(5, 4, 64), torch.zeros(7, 2, 64), torch.zeros(7, 2, 64), _i32([0, 2, 5]), _i32([0, 3, 7]), 3, 4,
+        causal=True)),
     "flash_mla_decode": ("q_nope", lambda: tx.flash_mla_decode(
         torch.zeros(2, 3, 32), torch.zeros(2, 3, 16), torch.zeros(4, 4, 48), _i32([3, 5]), _i32([[0, 1], [2, 3]]),
         None, 0.1, 1)),

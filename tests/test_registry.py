@@ -5,7 +5,7 @@
   ``.ci/xpu_compile_check.py`` compiles it for Intel GPUs. ``@triton.jit`` helpers (names not ending
   in ``_kernel``) are only called from kernels and are compiled as part of them.
 * Every variant's ``dots`` equals the number of ``tl.dot`` calls in the kernel's source, counting the
-  dots of ``@triton.jit`` helpers once per call site (the check asserts that many DPAS dots).
+  dots at distinct source locations, helpers included (the check asserts that many DPAS dots).
 
 Works with the interpreter (``InterpretedFunction``) and compiled mode (``JITFunction``), and sees
 through ``@triton.autotune`` / ``@triton.heuristics`` wrappers.
@@ -74,26 +74,31 @@ def _resolve(node, namespace):
     return None
 
 
-def _count_dots(fn, _stack=()) -> int:
-    """``tl.dot`` calls in ``fn``'s source plus, per call site, those of the JIT helpers it calls."""
+def _dot_sites(fn, _stack=()) -> set:
+    """Source locations of the ``tl.dot`` calls in ``fn`` and in the JIT helpers it calls: what the
+    XPU compile check counts in the compiled kernel (DPAS dots at distinct source locations)."""
     if fn in _stack:
         raise AssertionError(f"recursive @triton.jit call involving {fn.__name__}")
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     namespace = fn.__globals__
-    n = 0
+    sites = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         callee = _resolve(node.func, namespace)
         if callee is tl.dot:
-            n += 1
+            sites.add((fn.__qualname__, node.lineno))
         elif callee is not None and _is_jit(callee):
-            n += _count_dots(_py_function(callee), _stack + (fn,))
+            sites |= _dot_sites(_py_function(callee), _stack + (fn,))
         elif callee is None and isinstance(node.func, ast.Attribute) and node.func.attr == "dot":
             # unresolvable `<something>.dot(...)`: count it when spelled like the language call
             if isinstance(node.func.value, ast.Name) and node.func.value.id in ("tl", "language"):
-                n += 1
-    return n
+                sites.add((fn.__qualname__, node.lineno))
+    return sites
+
+
+def _count_dots(fn) -> int:
+    return len(_dot_sites(fn))
 
 
 def _registered_functions():
@@ -120,7 +125,7 @@ def test_registered_dots_match_source(variant):
     expected = _count_dots(fn)
     assert variant.dots == expected, (
         f"{variant.label}: registered with dots={variant.dots}, but the kernel's source holds {expected} "
-        "tl.dot call(s) (helpers counted per call site); pass dots= to register_xpu_compile"
+        "tl.dot call(s) at distinct source locations (helpers included); pass dots= to register_xpu_compile"
     )
 
 

@@ -1,6 +1,9 @@
-"""Paged attention: ``flash_attn_with_kvcache`` (sgl-kernel-xpu compatible), decode and q_len > 1.
+"""Paged attention: ``flash_attn_with_kvcache`` (sgl-kernel-xpu compatible), decode and q_len > 1,
+and the same kernel over contiguous ragged K/V: ``flash_attn_varlen_func``.
 
-One kernel serves decode, speculative drafts and chunked prefill. A program owns
+One kernel serves decode, speculative drafts, chunked prefill and (``PAGE_SIZE = 0``, the
+contiguous-K/V mode) non-paged ragged prefill, with one copy of the masking and the softmax. A
+program owns
 
 * one request and a tile of its queries (``BLOCK_Q`` tokens) times a block of the query heads
   that share one KV head (GQA packing: the rows of the ``tl.dot`` M dimension are
@@ -89,15 +92,22 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
+def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr):
+    """``acc * alpha + P @ V`` in fp32 (P in V's operand dtype: both dot operands one dtype)."""
+    return tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _pointer_tile(
-    q, acc, m_i, l_i, n0, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
+    q, acc, m_i, l_i, n0, kv_start, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
     pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
     head_dim, head_dim_v,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One key tile through pointer loads (any page size: pages shorter than the tile are gathered
-    row by row). Keys outside ``[key_lo, end)`` are not loaded: no query may see them, and a freed
+    row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on). Keys outside
+    ``[key_lo, end)`` are not loaded: no query may see them, and a freed
     slot can hold NaN (masking the score would not stop ``0 * NaN`` in ``P @ V``)."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -109,6 +119,10 @@ def _pointer_tile(
         page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
         k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
         v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
+    elif PAGE_SIZE == 0:
+        # contiguous K/V (flash_attn_varlen_func): the tile is rows kv_start + key, no page table
+        k_rows = (kv_start + key).to(tl.int64) * stride_k_tok
+        v_rows = (kv_start + key).to(tl.int64) * stride_v_tok
     else:
         page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
         k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
@@ -125,8 +139,7 @@ def _pointer_tile(
         mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
         other=0.0,
     )
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
-    return acc, m_i, l_i
+    return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
 
 
 @triton.jit
@@ -144,8 +157,7 @@ def _descriptor_tile(
     s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
     p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
     v = v_desc.load([row, v_col])
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
-    return acc, m_i, l_i
+    return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
 
 
 @triton.jit
@@ -157,6 +169,7 @@ def _paged_attention_kernel(
     page_table_ptr, stride_pt_b, max_pages,
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
     k_descale_ptr, stride_kd_b, stride_kd_h,
     v_descale_ptr, stride_vd_b, stride_vd_h,
     sinks_ptr,
@@ -187,6 +200,10 @@ def _paged_attention_kernel(
     KV_DESC: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
+    # PAGE_SIZE = 0: contiguous K/V (flash_attn_varlen_func). Request b's keys are the rows
+    # cu_seqlens_k[b] + key of k / v [total_k, H_kv, D] (token stride stride_k_tok); there is no
+    # page table, and cache_seqlens holds seqused_k (or cu_seqlens_k[1:], see the launcher).
+    CONTIGUOUS_KV: tl.constexpr = PAGE_SIZE == 0
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
 
@@ -249,8 +266,14 @@ def _paged_attention_kernel(
     )
 
     # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
-    # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
-    kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
+    if CONTIGUOUS_KV:
+        # never read past the request's slice of k / v: seqused_k can only shorten it
+        kv_start = tl.load(cu_seqlens_k_ptr + b)
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), tl.load(cu_seqlens_k_ptr + b + 1) - kv_start)
+    else:
+        kv_start = 0
+        # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
     pos = kv_len - q_len + q_row  # absolute position of each query row
     row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
     row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
@@ -312,29 +335,33 @@ def _paged_attention_kernel(
         desc_hi = desc_lo + ((end - desc_lo) // BLOCK_N) * BLOCK_N
         for n0 in range(start, desc_lo, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
         # each tile's cache row is read from the page table one tile ahead, so the descriptor
-        # loads never wait on the page-table read that addresses them
-        next_row = tl.load(pt_row + desc_lo // PAGE_SIZE, mask=desc_lo < desc_hi, other=0) * PAGE_SIZE + desc_lo % PAGE_SIZE
+        # loads never wait on the page-table read that addresses them (contiguous K/V: no table)
+        if not CONTIGUOUS_KV:
+            next_row = tl.load(pt_row + desc_lo // PAGE_SIZE, mask=desc_lo < desc_hi, other=0) * PAGE_SIZE + desc_lo % PAGE_SIZE
         for n0 in range(desc_lo, desc_hi, BLOCK_N):
-            row = next_row
-            ahead = n0 + BLOCK_N
-            next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
+            if CONTIGUOUS_KV:
+                row = kv_start + n0
+            else:
+                row = next_row
+                ahead = n0 + BLOCK_N
+                next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
             acc, m_i, l_i = _descriptor_tile(
                 q, acc, m_i, l_i, n0, row, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
                 BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
-                q, acc, m_i, l_i, n0, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
+                q, acc, m_i, l_i, n0, kv_start, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
 
@@ -378,6 +405,7 @@ def _register_compile_variants():
         k_cache_ptr="*bf16", stride_k_page="i64", stride_k_tok="i32", stride_k_head="i32",
         v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
         page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        cu_seqlens_k_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
         sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
@@ -406,6 +434,18 @@ def _register_compile_variants():
         {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
          "HEADS_PER_BLOCK": 8, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True},
         dots=2, num_warps=4, op="paged_attention",
+    )
+    # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
+    register_xpu_compile(
+        _paged_attention_kernel, "varlen,bf16,D128,g4,causal",
+        {**common, "BLOCK_Q": 32, "HEADS_PER_BLOCK": 4, "BLOCK_N": 64, "PAGE_SIZE": 0, "SPLIT_KV": False},
+        dots=2, num_warps=8, op="paged_attention",
+    )
+    register_xpu_compile(  # DeepSeek MLA extend: D = 192, Dv = 128, LSE for merge_state_v2
+        _paged_attention_kernel, "varlen,bf16,D192,Dv128,g1,causal,lse",
+        {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "BLOCK_D": 256, "BLOCK_DV": 128,
+         "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True},
+        dots=2, num_warps=8, op="paged_attention",
     )
 
 
@@ -471,24 +511,29 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     )
 
 
-def _kv_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, config: dict, device):
-    """(K, V) host tensor descriptors of ``[num_pages * page_size, row]`` views of the caches with
+def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: dict, device):
+    """(K, V) host tensor descriptors of the caches seen as ``[token rows, row]`` (paged: pages
+    of ``page_size`` rows flattened; ``page_size = 0``: contiguous ``[total_k, H_kv, D]``) with
     ``[BLOCK_N, D]`` / ``[BLOCK_N, Dv]`` blocks, or None where the config does not ask for them
     (``kv_desc``), the device or Triton lacks them, or the layout does not allow them: a key tile
     must lie in one page (``page_size >= BLOCK_N``), pages must follow each other at
     ``page_size`` token strides, the head dims must be powers of two (the block is the whole head),
     strides 16-byte aligned and rows fewer than 2^31 (descriptor coordinates are 32-bit)."""
-    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
-    if not config.get("kv_desc") or page_size < config["BLOCK_N"] or not _device.tensor_descriptors(device):
+    if not config.get("kv_desc") or 0 < page_size < config["BLOCK_N"] or not _device.tensor_descriptors(device):
         return None
-    rows = num_pages * page_size
     descriptors = []
-    for cache in (k_cache, v_cache):
-        stride_page, stride_tok, stride_head, _ = cache.stride()
-        dim = cache.shape[3]
+    for cache in (k, v):
+        if page_size:
+            num_pages, _, num_kv_heads, dim = cache.shape
+            stride_page, stride_tok, stride_head, _ = cache.stride()
+            rows = num_pages * page_size
+            if stride_page != page_size * stride_tok:
+                return None
+        else:
+            rows, num_kv_heads, dim = cache.shape
+            stride_tok, stride_head, _ = cache.stride()
         item = cache.element_size()
-        if (dim != next_power_of_2(dim) or stride_page != page_size * stride_tok or rows >= 2**31
-                or (stride_tok * item) % 16 or cache.data_ptr() % 16):
+        if dim != next_power_of_2(dim) or rows >= 2**31 or (stride_tok * item) % 16 or cache.data_ptr() % 16:
             return None
         row_width = (num_kv_heads - 1) * stride_head + dim
         descriptors.append(_device.tensor_descriptor(cache, [rows, row_width], [stride_tok, 1], [config["BLOCK_N"], dim]))
@@ -527,6 +572,17 @@ def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.
     if tuple(scale.shape) != (batch, num_kv_heads):
         raise ValueError(f"{name} must be a scalar or have shape [{batch}, {num_kv_heads}], got {list(scale.shape)}")
     return scale.to(torch.float32)
+
+
+def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int, head_dim_v: int) -> None:
+    """q's head dim equals K's, both head dims are supported, and Hq is a multiple of H_kv."""
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"q's head dim ({q.shape[-1]}) must equal {k_name}'s ({head_dim})")
+    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
+        if dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    if q.shape[-2] % num_kv_heads != 0:
+        raise ValueError(f"the query heads ({q.shape[-2]}) must be a multiple of the KV heads ({num_kv_heads})")
 
 
 def flash_attn_with_kvcache(
@@ -663,14 +719,7 @@ def flash_attn_with_kvcache(
         )
     head_dim_v = v_cache.shape[3]
     num_q_heads = q.shape[-2]
-    if q.shape[-1] != head_dim:
-        raise ValueError(f"q's head dim ({q.shape[-1]}) must equal k_cache's ({head_dim})")
-    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
-    if num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"the query heads ({num_q_heads}) must be a multiple of the KV heads ({num_kv_heads})")
-    group_size = num_q_heads // num_kv_heads
+    _check_heads(q, "k_cache", num_kv_heads, head_dim, head_dim_v)
 
     check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
     batch = page_table.shape[0]
@@ -708,15 +757,44 @@ def flash_attn_with_kvcache(
         mapping = _PER_REQUEST if max_q is not None else _SEARCH
     total_q = q.shape[0]
 
+    device = check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
+        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
+    )
+    if validate:
+        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
+    return _launch(
+        q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
+        cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
+        uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
+        window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
+        return_softmax_lse=return_softmax_lse, out=out,
+    )
+
+
+def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv_len, mapping, cu_seqlens_q,
+            uniform_q_len, max_q, softmax_scale, sinks, causal, window_size, softcap, k_descale, v_descale,
+            num_splits, return_softmax_lse, out):
+    """The attention both public functions run once their layout arguments are checked.
+
+    ``q`` is ragged 3-D. ``k``/``v`` are a paged cache ``[pages, P, H_kv, D]`` read through
+    ``page_table`` (``cu_seqlens_k`` None), or contiguous ``[total_k, H_kv, D]`` rows read from
+    ``cu_seqlens_k[b]`` on (``page_table`` None): the kernel's contiguous-K/V mode. ``kv_lens``
+    ``[B]`` int32 are the keys of each request (clamped in the kernel to the table / the slice);
+    ``max_kv_len`` bounds them on the host (for the split count only).
+    """
+    contiguous = page_table is None
+    num_q_heads, head_dim = q.shape[1], k.shape[-1]
+    num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
+    group_size = num_q_heads // num_kv_heads
+    total_q = q.shape[0]
+    page_size = 0 if contiguous else k.shape[1]  # 0: the kernel's contiguous-K/V mode
+
     left, right = (int(w) for w in window_size)
     if left < -1 or right < -1:
         raise ValueError(f"window_size entries must be >= -1, got {tuple(window_size)}")
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0, got {softcap}")
-    device = check_same_device(
-        q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
-        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
-    )
     if sinks is not None:
         check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
         sinks = sinks.contiguous()
@@ -729,10 +807,7 @@ def flash_attn_with_kvcache(
     lse = torch.empty((num_q_heads, total_q), dtype=torch.float32, device=device) if return_softmax_lse else None
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
-
-    if validate:
-        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
-    if total_q == 0 or batch == 0:
+    if total_q == 0 or batch == 0 or k.numel() == 0:  # no query, or no key anywhere: nothing to launch
         if lse is not None:
             lse.fill_(float("-inf"))
         out.zero_()
@@ -760,19 +835,22 @@ def flash_attn_with_kvcache(
     _, programs_guess, _ = query_tiling(64)
     work = tune.work_bucket(programs_guess * num_kv_heads * num_head_blocks, compute_units)
     # bucket family: one query per request, a few (drafts: their own tiles), or query-tiled prefill
-    q_kind = ("decode" if max_q == 1 else "draft") if decode_like else "prefill"
+    # (contiguous K/V: "varlen" prefill buckets, page field 256 - its tiles read contiguous rows
+    # like a page larger than any tile; files tuned before varlen had buckets give it their
+    # largest page's prefill entry)
+    q_kind = ("decode" if max_q == 1 else "draft") if decode_like else ("varlen" if contiguous else "prefill")
+    fallback = {"draft": {"q": "decode"}, "varlen": {"q": "prefill"}}.get(q_kind)  # files tuned before those buckets
     config = tune.lookup(
         "paged_attention",
-        dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
-             q=q_kind, w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, page_size),
+        dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
+             q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
+        _heuristic_config(decode_like, head_dim, work, 256 if contiguous else page_size),
         device=device,
-        fallback={"q": "decode"} if q_kind == "draft" else None,  # files tuned before drafts had buckets
+        fallback=fallback,
     )
     block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 
     # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
-    max_kv_len = page_table.shape[1] * page_size
     if left >= 0:
         max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
     programs = num_q_programs * num_kv_heads * num_head_blocks
@@ -786,20 +864,27 @@ def flash_attn_with_kvcache(
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
     # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
     dest = out
-    q, k_cache, v_cache, out = interpreter_float32(q, k_cache, v_cache, out)
-    kv_descriptors = _kv_descriptors(k_cache, v_cache, config, device) or (None, None)
+    q, k, v, out = interpreter_float32(q, k, v, out)
+    if contiguous:
+        k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+        table_args = (cu_seqlens_k, 0, 0)  # no page table: a placeholder pointer, never read
+    else:
+        k_strides, v_strides = k.stride()[:3], v.stride()[:3]
+        table_args = (page_table, page_table.stride(0), page_table.shape[1])
+    kv_descriptors = _kv_descriptors(k, v, page_size, config, device) or (None, None)
     lse_arg = lse if lse is not None else out
 
     def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
         """The kernel's runtime arguments; partials may be dtypes (a compile without launch)."""
         return (
             q, q.stride(0), q.stride(1),
-            k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            k, *k_strides,
+            v, *v_strides,
             *kv_descriptors,
-            page_table, page_table.stride(0), page_table.shape[1],
-            cache_seqlens,
-            cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
+            *table_args,
+            kv_lens,
+            cu_seqlens_q if cu_seqlens_q is not None else kv_lens,
+            cu_seqlens_k if cu_seqlens_k is not None else kv_lens,
             *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
             *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
             sinks if sinks is not None else q,
@@ -845,7 +930,7 @@ def flash_attn_with_kvcache(
         # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is). The
         # kernel is compiled at the count before the cut: a count's divisibility may change
         # Triton's integer specialisation of the split strides, not registers or shared memory.
-        key = (device, q.dtype, k_cache.dtype, tuple(constexprs.items()))
+        key = (device, q.dtype, k.dtype, tuple(constexprs.items()))
         if key not in _RESIDENT_PROGRAMS:
             def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
                 po, pl = split_partials(splits, "meta")
