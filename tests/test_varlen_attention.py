@@ -250,9 +250,9 @@ def _valid_args():
         (dict(k=torch.zeros(5, 2, 64, dtype=torch.float16)), TypeError, "k must have dtype"),
         (dict(v=torch.zeros(5, 2, 64, dtype=torch.float16)), TypeError, "v must have dtype"),
         (dict(k=torch.zeros(5, 1, 2, 64)), ValueError, "k must have 3 dimensions"),
-        (dict(q=torch.zeros(3, 4, 128)[..., ::2]), ValueError, r"q must be contiguous in its last dimension"),
-        (dict(k=torch.zeros(5, 2, 128)[..., ::2]), ValueError, r"k must be contiguous in its last dimension"),
-        (dict(v=torch.zeros(5, 2, 128)[..., ::2]), ValueError, r"v must be contiguous in its last dimension"),
+        (dict(q=lambda: torch.zeros(3, 4, 128, device=DEVICE)[..., ::2]), ValueError, r"q must be contiguous in its last dimension"),
+        (dict(k=lambda: torch.zeros(5, 2, 128, device=DEVICE)[..., ::2]), ValueError, r"k must be contiguous in its last dimension"),
+        (dict(v=lambda: torch.zeros(5, 2, 128, device=DEVICE)[..., ::2]), ValueError, r"v must be contiguous in its last dimension"),
         (dict(v=torch.zeros(4, 2, 64)), ValueError, r"v must have shape \[5, 2, Dv\] like k"),
         (dict(q=torch.zeros(3, 4, 128)), ValueError, r"q's head dim \(128\) must equal k's \(64\)"),
         (dict(q=torch.zeros(3, 3, 64)), ValueError, "multiple of the KV heads"),
@@ -281,7 +281,10 @@ def _valid_args():
 def test_rejects_bad_input(change, error, match):
     args = _valid_args()
     args.update(change)
-    args = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type != "meta" else v) for k, v in args.items()}
+    # tensors move to the device; a callable makes its (strided) tensor there, since .to() would
+    # copy a strided view contiguous
+    args = {k: (v() if callable(v) else v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type != "meta" else v)
+            for k, v in args.items()}
     with pytest.raises(error, match=match):
         flash_attn_varlen_func(**args)
 
