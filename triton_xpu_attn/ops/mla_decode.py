@@ -313,6 +313,21 @@ def _register_compile_variants():
         {**deepseek, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
          "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 256, "SPLIT": False}, **opts,
     )
+    # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 256-channel tile, P=1 fp8 with LSE,
+    # and a non-causal fp16 variant with 64-row tiles
+    prefill = {**deepseek, "out_ptr": "*bf16", "stride_qn_b": "i32", "stride_qp_b": "i32", "BLOCK_H": 32, "BLOCK_DV": 256,
+               "SPLIT": False, "WRITE_LSE": False, "RAGGED": True}
+    prefill_opts = {**opts, "op": "mla_prefill"}
+    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV256,causal", prefill, **prefill_opts)
+    register_xpu_compile(
+        _mla_decode_kernel, "prefill,bf16,fp8-e4m3 cache,P1,BH32xDV256,lse",
+        {**prefill, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "HAS_KV_SCALE": True, "WRITE_LSE": True}, **prefill_opts,
+    )
+    register_xpu_compile(
+        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH64xDV128,non-causal",
+        {**prefill, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
+         "PAGE_SIZE": 16, "BLOCK_H": 64, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 128, "CAUSAL": False}, **prefill_opts,
+    )
 
 
 _register_compile_variants()
