@@ -217,6 +217,35 @@ def test_reference_is_bottom_right_causal():
     assert torch.allclose(out_nc[0], o[0])
 
 
+def test_mla_prefill_as_sglang_calls_it():
+    """sglang 0.5.23's XPU backend: keyword arguments, q_nope/q_rope cut from one [total_q, H, R + Dr]
+    tensor, the MLA pool's [slots, 1, R + Dr] buffer viewed as [-1, P, R + Dr], a page-granular
+    table from the token-granular one (slot // P), the prefill workspace of
+    ``flash_mla_prefill_get_workspace_size(**workspace_kwargs)``."""
+    gen = torch.Generator().manual_seed(4)
+    R, Dr = SHAPES[0]
+    P, H = 4, 3
+    q_lens, kv_lens = [5, 2], [5, 9]  # a full prefill and a chunk over a 7-token prefix
+    pool = torch.randn(P + 8 * P, 1, R + Dr, generator=gen)  # slot 0..P-1: sglang's dummy page
+    pages = torch.tensor([[3, 7, 2], [5, 1, 8]])  # physical pages >= 1 (page 0: the dummy)
+    req_to_token = (pages[:, :, None] * P + torch.arange(P)).reshape(2, -1)
+    page_table = req_to_token[:, ::P] // P
+    q_all = torch.randn(sum(q_lens), H, R + Dr, generator=gen)
+    cu = torch.tensor([0, 5, 7], dtype=torch.int32)
+    seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
+    workspace_kwargs = dict(max_seq_len=64, num_batches=2, num_heads=H, page_size=P, num_kv_splits=-1)
+    ws = torch.empty(flash_mla_prefill_get_workspace_size(**workspace_kwargs), dtype=torch.uint8, device=DEVICE)
+    q_dev = q_all.to(DEVICE)
+    o = flash_mla_prefill(
+        q_nope=q_dev[:, :, :R], q_pe=q_dev[:, :, R:], kv_c_and_k_pe_cache=pool.to(DEVICE).view(-1, P, R + Dr),
+        cu_seqlens_q=cu.to(DEVICE), seq_lens_k=seq_lens.to(DEVICE), max_seqlen_q=5, page_table=page_table.to(torch.int32).to(DEVICE),
+        workspace=ws, sm_scale=0.25, causal=True,
+    )
+    exp, _ = ref.mla_prefill(q_all[..., :R], q_all[..., R:], pool.view(-1, P, R + Dr), cu, seq_lens, page_table, 0.25)
+    assert_close(o, exp, torch.float32)
+    assert o.view(-1, H * R).shape == (7, H * R)  # sglang reshapes the output so
+
+
 def test_mla_prefill_empty_batches_and_zero_lengths():
     R, Dr = SHAPES[0]
     cache = torch.randn(4, 8, R + Dr, device=DEVICE)
