@@ -523,6 +523,24 @@ def _mla_reference(x):
     )[0]
 
 
+def _mla_tiles(max_rows: int) -> list[dict]:
+    """Stage 1 of the MLA kernel (decode and prefill): rows x keys per tile, warps."""
+    return [
+        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
+        for bh in (16, 32, 64)
+        if bh <= max(16, max_rows)
+        for bn in (32, 64)
+        for w in ((4, 8) if bh >= 32 else (4,))
+    ]
+
+
+def _mla_stage2(fields: dict) -> list[dict]:
+    """Stage 2 of the MLA kernel: pipeline depth; gather buckets also without the one-tile-ahead
+    page-id prefetch (the prefetch adds a pipeline stage's worth of shared memory)."""
+    return [dict(num_stages=1), dict(num_stages=3)] + (
+        [dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if fields["kv"] == "gather" else [])
+
+
 TUNING_SPECS["mla_decode"] = TuningSpec(
     buckets=_mla_buckets,
     problems=_mla_problems,
@@ -530,17 +548,8 @@ TUNING_SPECS["mla_decode"] = TuningSpec(
     run=_mla_run,
     reference=_mla_reference,
     tolerance=2e-2,
-    stage1=lambda f, quick: [
-        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
-        for bh in (16, 32, 64)
-        if bh <= max(16, f["rows"])
-        for bn in (32, 64)
-        for w in ((4, 8) if bh >= 32 else (4,))
-    ],
-    # gather buckets: also the kernel without the one-tile-ahead page-id prefetch (the prefetch
-    # adds a pipeline stage's worth of shared memory)
-    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)]
-    + ([dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if f["kv"] == "gather" else []),
+    stage1=lambda f, quick: _mla_tiles(f["rows"]),
+    stage2=lambda f, quick: _mla_stage2(f),
 )
 
 
@@ -608,12 +617,6 @@ TUNING_SPECS["mla_prefill"] = TuningSpec(
     run=_mla_prefill_run,
     reference=_mla_prefill_reference,
     tolerance=2e-2,
-    stage1=lambda f, quick: [
-        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
-        for bh in (16, 32, 64)
-        for bn in (32, 64)
-        for w in ((4, 8) if bh >= 32 else (4,))
-    ],
-    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)]
-    + ([dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if f["kv"] == "gather" else []),
+    stage1=lambda f, quick: _mla_tiles(64),
+    stage2=lambda f, quick: _mla_stage2(f),
 )
