@@ -218,6 +218,9 @@ CPU_CALLS = {
     "flash_mla_decode": ("q_nope", lambda: tx.flash_mla_decode(
         torch.zeros(2, 3, 32), torch.zeros(2, 3, 16), torch.zeros(4, 4, 48), _i32([3, 5]), _i32([[0, 1], [2, 3]]),
         None, 0.1, 1)),
+    "flash_mla_prefill": ("q_nope", lambda: tx.flash_mla_prefill(
+        torch.zeros(5, 3, 32), torch.zeros(5, 3, 16), torch.zeros(4, 4, 48), _i32([0, 2, 5]), _i32([3, 5]), 3,
+        _i32([[0, 1], [2, 3]]), None, 0.1)),
     "merge_state_v2": ("v_a", lambda: tx.merge_state_v2(
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "normalize_page_table": ("req_to_token", lambda: tx.normalize_page_table(
@@ -240,7 +243,8 @@ def test_cpu_inputs_under_a_gpu_backend_raise(gpu_backend, op):
 
 
 def test_every_public_tensor_op_is_covered():
-    host_helpers = {"flash_mla_get_workspace_size", "max_local_attention_virtual_batches"}
+    host_helpers = {"flash_mla_get_workspace_size", "flash_mla_decode_get_workspace_size", "flash_mla_prefill_get_workspace_size",
+                    "max_local_attention_virtual_batches"}
     assert set(tx.__all__) - host_helpers == set(CPU_CALLS) | {"make_local_attention_virtual_batches"}
 
 
