@@ -1,0 +1,222 @@
+"""sglang 0.5.23's own ``XPUAttentionBackend`` (``sglang/srt/layers/attention/xpu_backend.py``, the
+PyPI wheel's code, unedited) running on triton_xpu_attn through ``triton_xpu_attn.compat.install()``
+as ``sgl_kernel``: ``init_forward_metadata`` + ``forward_decode`` / ``forward_extend`` against the
+float64 reference over each request's logical token sequence.
+
+Environment: ``.ci/sglang_env.sh`` builds a site folder with ``sglang==0.5.23 --no-deps`` and the
+pure-Python packages its import chain needs (msgspec, requests, tqdm, dill, starlette and their
+dependencies); ``TRITON_XPU_ATTN_SGLANG_SITE`` names it (CI sets it). Without it these tests skip.
+
+What is real: the backend class, its metadata code (page-table striding, local-attention virtual
+batches, SWA translation), sglang's ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``SWAKVPool``
+(their ``set_kv_buffer`` writes the new tokens), ``RadixAttention`` layers, ``ForwardBatch``,
+``ForwardMode``.
+
+Stubs (``sys.modules``), none on the attention path (tests/sglang_harness.py ``STUBS``):
+transformers, huggingface_hub, safetensors, sentencepiece, tvm_ffi (apache-tvm-ffi), torchvision,
+PIL (pillow), pydantic, pydantic_core, openai, partial_json_parser, compressed_tensors, gguf,
+einops, zmq (pyzmq), aiohttp, orjson, pybase64, psutil, IPython; ``regex`` is aliased to the
+stdlib ``re``. Also stubbed: sglang's process-wide runtime config that the server publishes at
+launch (``get_parallel`` / ``get_spec`` / ``get_exec`` / ``get_schedule`` as the backend module
+sees them: one rank, no DCP, not deterministic) and the model runner (a namespace with the fields
+the backend's constructor reads). While sglang's modules import, ``torch.cuda.is_available``
+answers False, so that a CUDA machine takes the XPU target's import chain.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import sglang_harness
+from conftest import DEVICE
+from helpers import assert_close
+from triton_xpu_attn import reference
+
+pytestmark = pytest.mark.skipif(
+    sglang_harness.site_dir() is None,
+    reason=f"sglang 0.5.23 site folder not built: run .ci/sglang_env.sh and set {sglang_harness.SITE_ENV}",
+)
+
+DTYPE = torch.float16
+
+
+@pytest.fixture(scope="module")
+def xb():
+    return sglang_harness.load_xpu_backend()
+
+
+def _pages_for(lens, page_size, generator):
+    """Token slots per request: whole pages, shuffled across requests, page 0 left as sglang's
+    padding page. Returns (slots per request, number of slots in the pool)."""
+    pages_needed = [-(-n // page_size) for n in lens]
+    total_pages = sum(pages_needed) + 2
+    perm = (torch.randperm(total_pages, generator=generator) + 1).tolist()
+    slots, at = [], 0
+    for n, pages in zip(lens, pages_needed):
+        own = perm[at : at + pages]
+        at += pages
+        slots.append([own[p // page_size] * page_size + p % page_size for p in range(n)])
+    return slots, (total_pages + 1) * page_size
+
+
+class Scenario:
+    """One batch: requests with ``prefix`` cached tokens and ``new`` tokens this forward."""
+
+    def __init__(self, xb, *, prefix, new, page_size, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                 mla=False, swa_window=None, chunk_size=None, seed=0):
+        self.xb = xb
+        self.g = torch.Generator().manual_seed(seed)
+        self.prefix, self.new = list(prefix), list(new)
+        self.seq_lens = [p + n for p, n in zip(prefix, new)]
+        self.page_size, self.mla = page_size, mla
+        self.hq, self.hk, self.d = num_q_heads, (1 if mla else num_kv_heads), head_dim
+        self.dv = 512 if mla else head_dim
+        self.slots, self.pool_size = _pages_for(self.seq_lens, page_size, self.g)
+        batch = len(prefix)
+        max_ctx = -(-max(self.seq_lens) // page_size) * page_size + page_size
+        self.req_to_token = torch.zeros(batch + 1, max_ctx, dtype=torch.int32)
+        for b, s in enumerate(self.slots):
+            self.req_to_token[b + 1, : len(s)] = torch.tensor(s, dtype=torch.int32)
+        self.req_to_token = self.req_to_token.to(DEVICE)
+        self.req_pool_indices = torch.arange(1, batch + 1, device=DEVICE)
+        mem = __import__("sglang.srt.mem_cache.memory_pool", fromlist=["x"])
+        if mla:
+            self.pool = mem.MLATokenToKVPool(
+                self.pool_size, page_size=page_size, dtype=DTYPE, kv_lora_rank=512, qk_rope_head_dim=64,
+                layer_num=1, device=DEVICE, enable_memory_saver=False,
+            )
+            self.pool.kv_buffer[0].fill_(float("nan"))  # unwritten slots must never reach the output
+        else:
+            self.pool = mem.MHATokenToKVPool(
+                self.pool_size, page_size=page_size, dtype=DTYPE, head_num=self.hk, head_dim=self.d,
+                layer_num=1, device=DEVICE, enable_memory_saver=False,
+            )
+            self.pool.k_buffer[0].fill_(float("nan"))
+            self.pool.v_buffer[0].fill_(float("nan"))
+        # each request's logical K/V rows (prefix cached now, new tokens written by the forward)
+        width_k = 576 if mla else self.d
+        self.keys = [torch.randn(n, self.hk, width_k, generator=self.g).to(DTYPE) for n in self.seq_lens]
+        self.vals = [torch.randn(n, self.hk, self.dv, generator=self.g).to(DTYPE) for n in self.seq_lens]
+        for b in range(batch):
+            loc = torch.tensor(self.slots[b][: self.prefix[b]], dtype=torch.int64, device=DEVICE)
+            if mla:
+                self.pool.kv_buffer[0][loc] = self.keys[b][: self.prefix[b]].to(DEVICE)
+            else:
+                self.pool.k_buffer[0][loc] = self.keys[b][: self.prefix[b]].to(DEVICE)
+                self.pool.v_buffer[0][loc] = self.vals[b][: self.prefix[b]].to(DEVICE)
+        self.swa_window, self.chunk_size = swa_window, chunk_size
+
+    def model_runner(self):
+        arch = self.xb.AttentionArch.MLA if self.mla else self.xb.AttentionArch.MHA
+        runner = SimpleNamespace(
+            sliding_window_size=self.swa_window,
+            model_config=SimpleNamespace(
+                is_encoder_decoder=False, context_len=self.req_to_token.shape[1],
+                hf_text_config=SimpleNamespace(num_attention_heads=self.hq), attention_arch=arch,
+            ),
+            device=DEVICE,
+            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=self.req_to_token.shape[0]),
+            token_to_kv_pool=self.pool,
+            kv_cache_dtype=DTYPE, kv_cache_dtype_str="auto", page_size=self.page_size,
+            is_hybrid_swa=False, is_draft_worker=False,
+        )
+        if self.chunk_size is not None:
+            runner.attention_chunk_size = self.chunk_size
+        return runner
+
+    def forward_batch(self, mode):
+        fbi = __import__("sglang.srt.model_executor.forward_batch_info", fromlist=["x"])
+        batch = len(self.prefix)
+        out_loc = torch.tensor([s for b in range(batch) for s in self.slots[b][self.prefix[b]:]], device=DEVICE)
+        seq_lens = torch.tensor(self.seq_lens, dtype=torch.int32, device=DEVICE)
+        fb = fbi.ForwardBatch(
+            forward_mode=mode, batch_size=batch, input_ids=torch.zeros(sum(self.new), dtype=torch.int64, device=DEVICE),
+            req_pool_indices=self.req_pool_indices, seq_lens=seq_lens, out_cache_loc=out_loc,
+            seq_lens_sum=sum(self.seq_lens),
+        )
+        fb.seq_lens_cpu = seq_lens.cpu()
+        fb.positions = torch.cat([torch.arange(p, p + n) for p, n in zip(self.prefix, self.new)]).to(DEVICE)
+        if mode.is_extend():
+            fb.extend_prefix_lens = torch.tensor(self.prefix, dtype=torch.int32, device=DEVICE)
+            fb.extend_prefix_lens_cpu = list(self.prefix)
+            fb.extend_seq_lens = torch.tensor(self.new, dtype=torch.int32, device=DEVICE)
+            fb.extend_seq_lens_cpu = list(self.new)
+        return fb
+
+    def new_rows(self, rows):
+        return torch.cat([r[p:] for r, p in zip(rows, self.prefix)]).to(DEVICE)
+
+    def queries(self, width):
+        return torch.randn(sum(self.new), self.hq, width, generator=self.g).to(DTYPE).to(DEVICE)
+
+    def logical_cache(self, rows):
+        """Each request's rows in order as a page-size-1 cache, with an identity table."""
+        longest = max(self.seq_lens)
+        cache = torch.zeros(len(rows) * longest, 1, *rows[0].shape[1:], dtype=torch.float64)
+        for b, r in enumerate(rows):
+            cache[b * longest : b * longest + len(r), 0] = r.double()
+        table = torch.arange(len(rows) * longest, dtype=torch.int32).view(len(rows), longest)
+        return cache, table
+
+    def cu_q(self):
+        return torch.tensor([0] + list(torch.tensor(self.new).cumsum(0)), dtype=torch.int32)
+
+
+def _layer(xb, sc, *, sliding_window_size=-1, logit_cap=0.0, use_irope=False, scaling=None):
+    radix = __import__("sglang.srt.layers.radix_attention", fromlist=["x"])
+    v_head_dim = 512 if sc.mla else sc.d
+    head_dim = 576 if sc.mla else sc.d
+    layer = radix.RadixAttention(
+        sc.hq, head_dim, scaling if scaling is not None else head_dim**-0.5, sc.hk, layer_id=0,
+        logit_cap=logit_cap, v_head_dim=v_head_dim, sliding_window_size=sliding_window_size, use_irope=use_irope,
+    )
+    return layer
+
+
+def _run(xb, sc, mode, layer, *, sinks=None):
+    xb_mod = xb
+    sglang_harness.runtime_config(xb_mod)
+    backend = xb_mod.XPUAttentionBackend(sc.model_runner())
+    fb = sc.forward_batch(mode)
+    backend.init_forward_metadata(fb)
+    q = sc.queries(layer.head_dim)
+    k = sc.new_rows(sc.keys)
+    v = sc.new_rows(sc.vals)
+    forward = backend.forward_decode if mode.is_decode() else backend.forward_extend
+    if sc.mla:
+        out = forward(q.reshape(q.shape[0], -1), k, None, layer, fb) if False else forward(
+            q, k[:, :, :512], v[:, :, :0].new_empty(0), layer, fb, k_rope=k[:, :, 512:]
+        )
+    else:
+        out = forward(q.reshape(q.shape[0], -1), k, v, layer, fb, sinks=sinks)
+    return q, out
+
+
+def _reference(sc, q, layer, *, causal=True, window=(-1, -1), sinks=None):
+    k_cache, table = sc.logical_cache(sc.keys)
+    v_cache, _ = sc.logical_cache(sc.vals)
+    ref, _ = reference.paged_attention(
+        q.cpu(), k_cache, v_cache, torch.tensor(sc.seq_lens), table, sc.cu_q(), softmax_scale=layer.scaling,
+        causal=causal, window_size=window, softcap=layer.logit_cap, sinks=None if sinks is None else sinks.cpu(),
+    )
+    return ref
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_gqa_decode(xb, page_size):
+    sc = Scenario(xb, prefix=[5, 37, 70], new=[1, 1, 1], page_size=page_size)
+    layer = _layer(xb, sc)
+    q, out = _run(xb, sc, xb.ForwardMode.DECODE, layer)
+    assert out.shape == (3, sc.hq * sc.d)
+    assert_close(out.view(-1, sc.hq, sc.d), _reference(sc, q, layer), DTYPE)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_gqa_extend_with_prefix(xb, page_size):
+    sc = Scenario(xb, prefix=[0, 19, 40], new=[7, 3, 12], page_size=page_size, seed=1)
+    layer = _layer(xb, sc)
+    q, out = _run(xb, sc, xb.ForwardMode.EXTEND, layer)
+    assert_close(out.view(-1, sc.hq, sc.d), _reference(sc, q, layer), DTYPE)
