@@ -23,7 +23,8 @@ ops = torch.ops.triton_xpu_attn
 
 
 def test_every_public_tensor_op_has_a_custom_op():
-    host_helpers = {"flash_mla_get_workspace_size", "max_local_attention_virtual_batches"}  # ints in, int out
+    host_helpers = {"flash_mla_get_workspace_size", "flash_mla_decode_get_workspace_size",  # ints in, int out
+                    "flash_mla_prefill_get_workspace_size", "max_local_attention_virtual_batches"}
     for name in triton_xpu_attn.__all__:
         if name in host_helpers:
             continue
@@ -99,6 +100,9 @@ def _empty_batch_calls():
         "flash_mla_decode": (C.flash_mla_decode, (torch.zeros(0, 4, MLA_R, device=DEVICE), torch.zeros(0, 4, MLA_DR, device=DEVICE),
                              cache, z32, torch.zeros(0, 2, dtype=torch.int32, device=DEVICE), None, 0.1, 2),
                              dict(return_lse=True)),
+        "flash_mla_prefill": (C.flash_mla_prefill, (torch.zeros(0, 4, MLA_R, device=DEVICE), torch.zeros(0, 4, MLA_DR, device=DEVICE),
+                              cache, _i32([0]), z32, 0, torch.zeros(0, 2, dtype=torch.int32, device=DEVICE), None, 0.1),
+                              dict(return_lse=True)),
         "merge_state_v2": (C.merge_state_v2, (torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE),
                            torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE)), {}),
         "merge_state_v2_out": (C.merge_state_v2_out, tuple(

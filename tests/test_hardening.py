@@ -25,6 +25,7 @@ from triton_xpu_attn import (
     flash_attn_with_kvcache,
     flash_mla_decode,
     flash_mla_get_workspace_size,
+    flash_mla_prefill,
     make_local_attention_virtual_batches,
     max_local_attention_virtual_batches,
     merge_state_v2,
@@ -215,6 +216,33 @@ def case_mla_decode_mtp(device, seed):
     return Case(t, public, custom, lambda t, res: (res[0],))
 
 
+#: MLA prefill case: query lengths of 3 requests (one empty) and one padding row past cu_seqlens_q[B]
+_PREFILL_Q_LENS = (3, 0, 2)
+
+
+def case_mla_prefill(device, seed):
+    """Ragged causal prefill with a cached prefix, an empty request, a padding row, LSE."""
+    batch = len(_PREFILL_Q_LENS)
+    t = _mla_inputs(seed, batch=batch)
+    total = sum(_PREFILL_Q_LENS) + 1
+    g = _gen(seed + 100)
+    t["q_nope"] = torch.randn(total, 4, MLA_R, generator=g)
+    t["q_pe"] = torch.randn(total, 4, MLA_DR, generator=g)
+    t["cu_seqlens_q"] = torch.tensor([0, *np.cumsum(_PREFILL_Q_LENS)], dtype=torch.int32)
+    t["seq_lens"] = torch.maximum(t["seq_lens"], torch.tensor(_PREFILL_Q_LENS, dtype=torch.int32))
+    t = _to(t, device, _MLA_FLOATS)
+
+    def public(t):
+        return flash_mla_prefill(t["q_nope"], t["q_pe"], t["cache"], t["cu_seqlens_q"], t["seq_lens"], 3, t["page_table"],
+                                 None, 0.125, return_lse=True)
+
+    def custom(t):
+        return C.flash_mla_prefill, (t["q_nope"], t["q_pe"], t["cache"], t["cu_seqlens_q"], t["seq_lens"], 3,
+                                     t["page_table"], None, 0.125), dict(return_lse=True)
+
+    return Case(t, public, custom)
+
+
 def _merge_inputs(seed, n=4, h=2, d=32):
     g = _gen(seed)
     s_a, s_b = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
@@ -399,6 +427,7 @@ CASES = {
     "flash_attn_with_kvcache[out]": case_paged_attention_out,
     "flash_mla_decode": case_mla_decode,
     "flash_mla_decode[mtp]": case_mla_decode_mtp,
+    "flash_mla_prefill": case_mla_prefill,
     "merge_state_v2": case_merge_state,
     "merge_state_v2[out]": case_merge_state_out,
     "normalize_page_table": case_normalize_page_table,
@@ -444,6 +473,8 @@ def _reference(name, t):
     if name == "flash_mla_decode":
         out, lse = ref.mla_decode(t["q_nope"], t["q_pe"], t["cache"], t["seq_lens"], t["page_table"], 0.125)
         return out, lse
+    if name == "flash_mla_prefill":
+        return ref.mla_prefill(t["q_nope"], t["q_pe"], t["cache"], t["cu_seqlens_q"], t["seq_lens"], t["page_table"], 0.125)
     if name == "flash_mla_decode[mtp]":
         q = t["q"]
         return (ref.mla_decode(q[..., :MLA_R], q[..., MLA_R:], t["cache"], t["seq_lens"], t["page_table"], 0.125,

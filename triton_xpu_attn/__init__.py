@@ -7,7 +7,8 @@ interpreter on a machine without a GPU before any kernel is defined.
 from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
 from .ops.local_attention import make_local_attention_virtual_batches, max_local_attention_virtual_batches
 from .ops.merge_state import merge_state_v2
-from .ops.mla_decode import flash_mla_decode, flash_mla_get_workspace_size
+from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
+from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
 from .ops.paged_attention import flash_attn_with_kvcache
 from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
 from .ops.swa_spec import prepare_swa_spec_page_table
@@ -18,7 +19,10 @@ __version__ = "0.1.0"
 __all__ = [
     "flash_attn_with_kvcache",
     "flash_mla_decode",
+    "flash_mla_decode_get_workspace_size",
     "flash_mla_get_workspace_size",
+    "flash_mla_prefill",
+    "flash_mla_prefill_get_workspace_size",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
     "merge_state_v2",

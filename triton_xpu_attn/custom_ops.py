@@ -22,6 +22,10 @@ custom op                              wraps / differences from the public funct
 ``flash_mla_decode``                   ``kv_scale`` a one-element tensor or None; mutates
                                        ``workspace``; always returns ``(out, lse)`` (``lse`` of
                                        shape ``[0]`` unless ``return_lse``)
+``flash_mla_prefill``                  ``max_seqlen_q`` an int or None, ``kv_scale`` a one-element
+                                       tensor or None; no ``validate``; always returns
+                                       ``(out, lse)`` (``lse`` of shape ``[0]`` unless
+                                       ``return_lse``)
 ``merge_state_v2``                     returns ``(v_merged, s_merged)``
 ``merge_state_v2_out``                 writes ``v_merged``, ``s_merged`` in place
 ``normalize_page_table``               ``max_pages`` required (the output width must not depend on
@@ -39,7 +43,8 @@ custom op                              wraps / differences from the public funct
 
 ``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
 eager Python functions. ``max_local_attention_virtual_batches`` and
-``flash_mla_get_workspace_size`` return Python ints from Python ints: call them outside the
+``flash_mla_get_workspace_size`` (and ``flash_mla_decode_get_workspace_size``,
+``flash_mla_prefill_get_workspace_size``) return Python ints from Python ints: call them outside the
 compiled region (or inside: they trace as constants), no custom op needed.
 
 Every op launches on its inputs' device (``cuda:1``/``xpu:1`` included), whatever the current
@@ -54,6 +59,7 @@ from torch import Tensor
 from .ops import local_attention as _local
 from .ops import merge_state as _merge
 from .ops import mla_decode as _mla
+from .ops import mla_prefill as _mla_prefill
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
@@ -64,6 +70,7 @@ __all__ = [
     "flash_attn_with_kvcache",
     "flash_attn_with_kvcache_out",
     "flash_mla_decode",
+    "flash_mla_prefill",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
     "merge_state_v2",
@@ -214,6 +221,11 @@ def flash_mla_decode(
 @flash_mla_decode.register_fake
 def _(q_nope, q_pe, kv_c_and_k_pe_cache, seq_lens, page_table, workspace, sm_scale, num_kv_splits=1,
       return_lse=False, kv_scale=None, head_dim_v=None):
+    return _mla_fake_outputs(q_nope, q_pe, head_dim_v, return_lse)
+
+
+def _mla_fake_outputs(q_nope, q_pe, head_dim_v, return_lse):
+    """``(out [..., R], lse [...] or [0])`` of the MLA ops from q's shape (``[..., H, R]``)."""
     lead = tuple(q_nope.shape[:-1])
     if q_pe is not None:
         r = q_nope.shape[-1]
@@ -227,6 +239,43 @@ def _(q_nope, q_pe, kv_c_and_k_pe_cache, seq_lens, page_table, workspace, sm_sca
     out = q_nope.new_empty((*lead, r))
     lse = q_nope.new_empty(lead, dtype=torch.float32) if return_lse else _no_lse(q_nope)
     return out, lse
+
+
+# ------------------------------------------------------------------------------------------
+# MLA prefill
+# ------------------------------------------------------------------------------------------
+
+
+@_op("flash_mla_prefill")
+def flash_mla_prefill(
+    q_nope: Tensor,
+    q_pe: Optional[Tensor],
+    kv_c_and_k_pe_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens_k: Tensor,
+    max_seqlen_q: Optional[int],
+    page_table: Tensor,
+    workspace: Optional[Tensor],
+    sm_scale: float,
+    causal: bool = True,
+    num_kv_splits: int = -1,
+    return_lse: bool = False,
+    kv_scale: Optional[Tensor] = None,
+    head_dim_v: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_mla_prefill` as a custom op: ``(out, lse)`` (``workspace`` is
+    not written: the prefill needs none)."""
+    res = _mla_prefill.flash_mla_prefill(
+        q_nope, q_pe, kv_c_and_k_pe_cache, cu_seqlens_q, seq_lens_k, max_seqlen_q, page_table, workspace, sm_scale,
+        causal, num_kv_splits, return_lse=return_lse, kv_scale=kv_scale, head_dim_v=head_dim_v,
+    )
+    return res if return_lse else (res, _no_lse(q_nope))
+
+
+@flash_mla_prefill.register_fake
+def _(q_nope, q_pe, kv_c_and_k_pe_cache, cu_seqlens_q, seq_lens_k, max_seqlen_q, page_table, workspace, sm_scale,
+      causal=True, num_kv_splits=-1, return_lse=False, kv_scale=None, head_dim_v=None):
+    return _mla_fake_outputs(q_nope, q_pe, head_dim_v, return_lse)
 
 
 # ------------------------------------------------------------------------------------------

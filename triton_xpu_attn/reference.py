@@ -318,12 +318,14 @@ def mla_decode(
     sm_scale: float,
     kv_scale=None,
     dtype: torch.dtype = torch.float64,
+    causal: bool = True,
 ):
     """Multi-head latent attention decode over a paged latent cache.
 
     ``q_nope [B, H, R]`` or ``[B, S, H, R]``, ``q_pe [B, (S,) H, Dr]``; cache
     ``[num_pages, P, R + Dr]`` or ``[num_pages, P, 1, R + Dr]``: K = the whole row, V = its first R
-    channels. Query token ``t`` of ``S`` sees keys ``j <= seq_len - S + t``. ``kv_scale``
+    channels. Query token ``t`` of ``S`` sees keys ``j <= seq_len - S + t`` (all keys when not
+    ``causal``). ``kv_scale``
     multiplies the (dequantised) cache. Returns ``(out [B, (S,) H, R], lse [B, (S,) H])`` in
     ``dtype``; a query without visible keys gives 0 and LSE ``-inf``.
     """
@@ -345,7 +347,7 @@ def mla_decode(
         kv = _as_float(gather_paged(cache, page_table[b], kv_len), dtype) * scale  # [kv_len, R + Dr]
         q = torch.cat([q_nope[b], q_pe[b]], dim=-1).to(dtype)  # [S, H, R + Dr]
         logits = torch.einsum("thd,kd->thk", q, kv) * sm_scale
-        mask = visible_keys(s_q, kv_len, True, (-1, -1), device)[:, None, :]  # [S, 1, kv_len]
+        mask = visible_keys(s_q, kv_len, causal, (-1, -1), device)[:, None, :]  # [S, 1, kv_len]
         logits = logits.masked_fill(~mask, -math.inf)
         row_lse = torch.logsumexp(logits, dim=-1)  # [S, H]
         has_key = mask.any(-1)  # [S, 1]
@@ -354,4 +356,39 @@ def mla_decode(
         lse[b] = torch.where(has_key, row_lse, torch.full_like(row_lse, -math.inf))
     if squeeze:
         out, lse = out[:, 0], lse[:, 0]
+    return out, lse
+
+
+# ---- MLA prefill (issue 20) ----
+
+
+def mla_prefill(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c_and_k_pe_cache: torch.Tensor,
+    cu_seqlens_q,
+    seq_lens_k,
+    page_table: torch.Tensor,
+    sm_scale: float,
+    causal: bool = True,
+    kv_scale=None,
+    dtype: torch.dtype = torch.float64,
+):
+    """Multi-head latent attention of ragged queries over a paged latent cache: request ``b`` is
+    :func:`mla_decode` of its ``q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]`` queries
+    (``q_nope [total_q, H, R]``, ``q_pe [total_q, H, Dr]``) over its ``seq_lens_k[b]`` keys, so query
+    ``t`` sees keys ``j <= seq_lens_k[b] - q_len + t`` (all keys when not ``causal``). Returns
+    ``(out [total_q, H, R], lse [total_q, H])``; rows past ``cu_seqlens_q[B]`` give 0 and ``-inf``.
+    """
+    total_q, num_heads, r = q_nope.shape
+    out = torch.zeros(total_q, num_heads, r, dtype=dtype, device=q_nope.device)
+    lse = torch.full((total_q, num_heads), -math.inf, dtype=dtype, device=q_nope.device)
+    cu = [int(x) for x in cu_seqlens_q]
+    for b in range(len(cu) - 1):
+        q0, q1 = cu[b], cu[b + 1]
+        if q1 == q0:
+            continue
+        o, s = mla_decode(q_nope[None, q0:q1], q_pe[None, q0:q1], kv_c_and_k_pe_cache, [int(seq_lens_k[b])],
+                          page_table[b : b + 1], sm_scale, kv_scale=kv_scale, dtype=dtype, causal=causal)
+        out[q0:q1], lse[q0:q1] = o[0], s[0]
     return out, lse

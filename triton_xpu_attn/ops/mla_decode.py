@@ -1,5 +1,7 @@
 """MLA decode (DeepSeek-style latent attention): ``flash_mla_decode`` and
-``flash_mla_get_workspace_size``, drop-ins for sgl-kernel-xpu's functions of the same names.
+``flash_mla_get_workspace_size`` (also as ``flash_mla_decode_get_workspace_size``, the name sglang
+0.5.23 imports), drop-ins for sgl-kernel-xpu's functions of the same names. The kernel also serves
+``flash_mla_prefill`` (``mla_prefill.py``) in its ragged mode (``RAGGED``).
 
 K of a token is its whole cached row (``R`` latent channels + ``Dr`` rope channels), V is the
 first ``R`` channels of the same row: the kernel loads each KV tile once and uses it for both
@@ -65,6 +67,24 @@ def _tile_mask(rows_ok, cols, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _ragged_tile_request(cu_seqlens_q_ptr, tile, batch, num_heads, BLOCK_H: tl.constexpr):
+    """Largest ``b`` in ``[0, batch]`` with ``first_tile(b) <= tile``, where request ``b``'s row
+    tiles are numbered from ``first_tile(b) = cu_seqlens_q[b] * num_heads // BLOCK_H + b`` (every
+    request gets at least ``cdiv(q_len * num_heads, BLOCK_H)`` numbers; ``b == batch`` is the
+    padding past ``cu_seqlens_q[batch]``)."""
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = lo + batch
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(cu_seqlens_q_ptr + mid) * num_heads // BLOCK_H + mid
+        if first_tile <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
 def _mla_decode_kernel(
     q_nope_ptr,  # [B, S, H, R] (any strides, last dim contiguous)
     q_pe_ptr,  # [B, S, H, Dr]
@@ -94,6 +114,9 @@ def _mla_decode_kernel(
     v_scale,  # host-side kv scale applied to the output
     num_heads,
     num_splits,
+    cu_seqlens_q_ptr,  # [B + 1] query offsets of a ragged batch (read when RAGGED)
+    batch,  # B (RAGGED)
+    total_q,  # rows of the ragged q / out (RAGGED; rows past cu_seqlens_q[B] are padding)
     Q_LEN: tl.constexpr,
     R: tl.constexpr,
     DR: tl.constexpr,
@@ -108,6 +131,8 @@ def _mla_decode_kernel(
     SPLIT: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    RAGGED: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     NUM_DV: tl.constexpr = BLOCK_R // BLOCK_DV
     pid_m = tl.program_id(0)
@@ -115,34 +140,66 @@ def _mla_decode_kernel(
     b = tl.program_id(2).to(tl.int64)
     head_block = pid_m // NUM_DV
     dv_tile = pid_m % NUM_DV
+    if RAGGED:
+        # prefill: the row tiles of all requests form one sequence (grid axis 0), walked from its
+        # end so the tiles that see the most keys (a request's last rows) start first
+        tile = tl.num_programs(0) // NUM_DV - 1 - head_block
+        b32 = _ragged_tile_request(cu_seqlens_q_ptr, tile, batch, num_heads, BLOCK_H)
+        q_start = tl.load(cu_seqlens_q_ptr + b32)
+        q_len = tl.where(b32 < batch, tl.load(cu_seqlens_q_ptr + tl.minimum(b32 + 1, batch)), total_q) - q_start
+        head_block = tile - (q_start * num_heads // BLOCK_H + b32)  # row tile inside the request
+        if head_block * BLOCK_H >= q_len * num_heads:
+            return
+        b = b32.to(tl.int64)
+    else:
+        q_len = Q_LEN
 
     # rows of this program: (token, head) pairs, head fastest
     rows = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = rows < Q_LEN * num_heads
+    row_ok = rows < q_len * num_heads
     tok = rows // num_heads
     head = rows % num_heads
 
-    # keys of this request and of this split (tile aligned; later splits may be empty)
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if RAGGED:
+        # the padding "request" b == batch has no keys: its rows get 0 and LSE -inf
+        seq_len = tl.load(seq_lens_ptr + b, mask=b < batch, other=0).to(tl.int32)
+    else:
+        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_len = tl.minimum(tl.maximum(seq_len, 0), max_pages * PAGE_SIZE)  # never read past the table
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
-    # query token t sits at position seq_len - Q_LEN + t and sees keys j <= that position
-    key_end = seq_len - Q_LEN + 1 + tok
+    if RAGGED:
+        # query token t sits at position seq_len - q_len + t and sees keys j <= that position
+        # (causal, bottom-right: a cached prefix is fully visible). Causal tile bound: the loop
+        # stops after the last key the tile's last row sees; keys below `full_end` (whole key
+        # tiles) are seen by every row of the tile and skip the per-element mask.
+        lo = 0
+        if CAUSAL:
+            key_end = seq_len - q_len + 1 + tok
+            first_tok = head_block * BLOCK_H // num_heads
+            last_tok = (tl.minimum(head_block * BLOCK_H + BLOCK_H, q_len * num_heads) - 1) // num_heads
+            hi = tl.minimum(tl.maximum(seq_len - q_len + 1 + last_tok, 0), seq_len)
+            full_end = tl.minimum(tl.maximum(seq_len - q_len + 1 + first_tok, 0), seq_len) // BLOCK_N * BLOCK_N
+        else:
+            hi = seq_len
+            full_end = seq_len // BLOCK_N * BLOCK_N
+    else:
+        # keys of this request and of this split (tile aligned; later splits may be empty)
+        split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * split_len
+        hi = tl.minimum(lo + split_len, seq_len)
+        # query token t sits at position seq_len - Q_LEN + t and sees keys j <= that position
+        key_end = seq_len - Q_LEN + 1 + tok
 
     r = tl.arange(0, BLOCK_R)
     dr = tl.arange(0, BLOCK_DR)
-    q_n = tl.load(
-        q_nope_ptr + (b * stride_qn_b + tok.to(tl.int64) * stride_qn_t + head * stride_qn_h)[:, None] + r[None, :],
-        mask=_tile_mask(row_ok, r, R, BLOCK_R),
-        other=0.0,
-    )
-    q_p = tl.load(
-        q_pe_ptr + (b * stride_qp_b + tok.to(tl.int64) * stride_qp_t + head * stride_qp_h)[:, None] + dr[None, :],
-        mask=_tile_mask(row_ok, dr, DR, BLOCK_DR),
-        other=0.0,
-    )
+    if RAGGED:
+        q_row = (q_start + tok).to(tl.int64)  # row of the ragged q / out
+        qn_off = q_row * stride_qn_t + head * stride_qn_h
+        qp_off = q_row * stride_qp_t + head * stride_qp_h
+    else:
+        qn_off = b * stride_qn_b + tok.to(tl.int64) * stride_qn_t + head * stride_qn_h
+        qp_off = b * stride_qp_b + tok.to(tl.int64) * stride_qp_t + head * stride_qp_h
+    q_n = tl.load(q_nope_ptr + qn_off[:, None] + r[None, :], mask=_tile_mask(row_ok, r, R, BLOCK_R), other=0.0)
+    q_p = tl.load(q_pe_ptr + qp_off[:, None] + dr[None, :], mask=_tile_mask(row_ok, dr, DR, BLOCK_DR), other=0.0)
     scale = qk_scale
     out_scale = v_scale
     if HAS_KV_SCALE:
@@ -183,7 +240,15 @@ def _mla_decode_kernel(
         s = tl.dot(q_n, tl.trans(kv), out_dtype=tl.float32, input_precision=DOT_PRECISION)
         s = tl.dot(q_p, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
         s = s * scale
-        if Q_LEN == 1:
+        if RAGGED:
+            if start + BLOCK_N > full_end:
+                # the diagonal tiles and the last partial tile: keys past `hi` were loaded as 0
+                # (never garbage) and get probability 0 here
+                if CAUSAL:
+                    s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
+                else:
+                    s = tl.where(n_ok[None, :], s, float("-inf"))
+        elif Q_LEN == 1:
             s = tl.where(n_ok[None, :], s, float("-inf"))  # key_end == seq_len >= hi for every row
         else:
             s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
@@ -202,7 +267,10 @@ def _mla_decode_kernel(
 
     has_key = l_i > 0.0
     o = acc * (out_scale / tl.where(has_key, l_i, 1.0))[:, None]
-    n = b * Q_LEN + tok.to(tl.int64)
+    if RAGGED:
+        n = q_row
+    else:
+        n = b * Q_LEN + tok.to(tl.int64)
     o_ptrs = out_ptr + (n * stride_o_n + head * stride_o_h + split * stride_o_s)[:, None] + dv[None, :]
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=_tile_mask(row_ok, dv, R, BLOCK_R))
     if WRITE_LSE:
@@ -221,8 +289,10 @@ def _register_compile_variants():
         out_ptr="*fp32", stride_o_n="i64", stride_o_h="i32", stride_o_s="i32",
         lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i32", stride_lse_s="i32",
         qk_scale="fp32", v_scale="fp32", num_heads="i32", num_splits="i32",
+        cu_seqlens_q_ptr="*i32", batch="i32", total_q="i32",
         Q_LEN=1, R=512, DR=64, PAGE_SIZE=64, BLOCK_H=16, BLOCK_N=32, BLOCK_R=512, BLOCK_DR=64, BLOCK_DV=512,
         HAS_KV_SCALE=False, PREFETCH_PAGES=True, SPLIT=True, WRITE_LSE=True, DOT_PRECISION="tf32",
+        RAGGED=False, CAUSAL=True,
     )
     opts = dict(dots=3, op="mla_decode", num_warps=8, num_stages=2, grf_mode=_device.xpu_large_grf_mode())
     register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16,split", deepseek, **opts)
@@ -242,6 +312,21 @@ def _register_compile_variants():
         _mla_decode_kernel, "fp16,R256+32,H32,P16",
         {**deepseek, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
          "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 256, "SPLIT": False}, **opts,
+    )
+    # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 256-channel tile, P=1 fp8 with LSE,
+    # and a non-causal fp16 variant with 64-row tiles
+    prefill = {**deepseek, "out_ptr": "*bf16", "stride_qn_b": "i32", "stride_qp_b": "i32", "BLOCK_H": 32, "BLOCK_DV": 256,
+               "SPLIT": False, "WRITE_LSE": False, "RAGGED": True}
+    prefill_opts = {**opts, "op": "mla_prefill"}
+    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV256,causal", prefill, **prefill_opts)
+    register_xpu_compile(
+        _mla_decode_kernel, "prefill,bf16,fp8-e4m3 cache,P1,BH32xDV256,lse",
+        {**prefill, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "HAS_KV_SCALE": True, "WRITE_LSE": True}, **prefill_opts,
+    )
+    register_xpu_compile(
+        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH64xDV128,non-causal",
+        {**prefill, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
+         "PAGE_SIZE": 16, "BLOCK_H": 64, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 128, "CAUSAL": False}, **prefill_opts,
     )
 
 
@@ -361,6 +446,10 @@ def flash_mla_get_workspace_size(
     return _workspace_layout(num_batches * q_len, num_heads, splits, head_dim_v)[2]
 
 
+#: sglang 0.5.23's name for the same function (sgl-kernel-xpu renamed it when MLA prefill arrived)
+flash_mla_decode_get_workspace_size = flash_mla_get_workspace_size
+
+
 def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int) -> dict:
     backend = _device.backend()
     block_r = max(16, next_power_of_2(head_dim_v))
@@ -385,7 +474,64 @@ def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int)
     return dict(BLOCK_H=32, BLOCK_N=64, BLOCK_DV=0, num_warps=4, num_stages=2)
 
 
-def _as_kv_scale(kv_scale, device):
+def split_queries(q_nope: torch.Tensor, q_pe: torch.Tensor | None, head_dim_v: int | None):
+    """``(q_nope, q_pe)`` with last dims contiguous: ``q_pe`` checked against ``q_nope`` (dtype,
+    leading shape), or, when it is None, both cut from the combined queries ``q_nope [..., R + Dr]``
+    at ``head_dim_v`` (default from the known DeepSeek / sglang widths)."""
+    dtype = q_nope.dtype
+    lead = tuple(q_nope.shape[:-1])
+    if q_pe is None:
+        width = q_nope.shape[-1]
+        if head_dim_v is None:
+            if width not in _KNOWN_SPLITS:
+                raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
+            head_dim_v = _KNOWN_SPLITS[width]
+        _check_int(head_dim_v, "head_dim_v")
+        if not 0 < head_dim_v < width:
+            raise ValueError(f"head_dim_v must be in [1, {width - 1}] for combined queries of width {width}, got {head_dim_v}")
+        if q_nope.stride(-1) != 1:
+            q_nope = q_nope.contiguous()
+        q_pe = q_nope[..., head_dim_v:]
+        q_nope = q_nope[..., :head_dim_v]
+    else:
+        check_tensor("q_pe", q_pe, dtypes=(dtype,), ndim=q_nope.dim())
+        if tuple(q_pe.shape[:-1]) != lead:
+            raise ValueError(f"q_pe must have shape [{', '.join(map(str, lead))}, Dr], got {list(q_pe.shape)}")
+        if head_dim_v is not None and head_dim_v != q_nope.shape[-1]:
+            raise ValueError(f"head_dim_v ({head_dim_v}) must equal q_nope.shape[-1] ({q_nope.shape[-1]})")
+        if q_nope.stride(-1) != 1:
+            q_nope = q_nope.contiguous()
+        if q_pe.stride(-1) != 1:
+            q_pe = q_pe.contiguous()
+    if q_nope.shape[-1] < 1 or q_pe.shape[-1] < 1:
+        raise ValueError(f"q_nope and q_pe need at least one channel each, got R={q_nope.shape[-1]}, Dr={q_pe.shape[-1]}")
+    return q_nope, q_pe
+
+
+def check_latent_cache(cache, dtype: torch.dtype, R: int, DR: int) -> int:
+    """Check ``kv_c_and_k_pe_cache`` (``[pages, P, R + Dr]`` or ``[pages, P, 1, R + Dr]``, q's dtype
+    or fp8, last dim contiguous, P a power of two 1..256); returns the page size."""
+    check_tensor("kv_c_and_k_pe_cache", cache, dtypes=(dtype,) + FP8_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
+    if cache.dim() == 4 and cache.shape[2] != 1:
+        raise ValueError(f"kv_c_and_k_pe_cache must have one KV head (shape [pages, P, 1, R + Dr]), got {list(cache.shape)}")
+    if cache.shape[-1] != R + DR:
+        raise ValueError(
+            f"kv_c_and_k_pe_cache rows hold {cache.shape[-1]} channels but q_nope/q_pe give R + Dr = {R} + {DR} = {R + DR}"
+        )
+    page_size = cache.shape[1]
+    check_page_size(page_size, "kv_c_and_k_pe_cache.shape[1] (page size)")
+    return page_size
+
+
+def check_sm_scale(sm_scale) -> float:
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    return float(sm_scale)
+
+
+def as_kv_scale(kv_scale, device):
     """(host float factor, device tensor or None) for the cache's dequant scale."""
     if kv_scale is None:
         return 1.0, None
@@ -471,34 +617,10 @@ def flash_mla_decode(
         ``lse [B, H]`` (``[B, S, H]``) fp32. A query with no visible key gives 0 and LSE -inf.
     """
     check_tensor("q_nope", q_nope, dtypes=FLOAT_DTYPES, ndim=(3, 4))
+    q_nope, q_pe = split_queries(q_nope, q_pe, head_dim_v)
     dtype = q_nope.dtype
     lead = tuple(q_nope.shape[:-1])
-    if q_pe is None:
-        width = q_nope.shape[-1]
-        if head_dim_v is None:
-            if width not in _KNOWN_SPLITS:
-                raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
-            head_dim_v = _KNOWN_SPLITS[width]
-        _check_int(head_dim_v, "head_dim_v")
-        if not 0 < head_dim_v < width:
-            raise ValueError(f"head_dim_v must be in [1, {width - 1}] for combined queries of width {width}, got {head_dim_v}")
-        if q_nope.stride(-1) != 1:
-            q_nope = q_nope.contiguous()
-        q_pe = q_nope[..., head_dim_v:]
-        q_nope = q_nope[..., :head_dim_v]
-    else:
-        check_tensor("q_pe", q_pe, dtypes=(dtype,), ndim=q_nope.dim())
-        if tuple(q_pe.shape[:-1]) != lead:
-            raise ValueError(f"q_pe must have shape [{', '.join(map(str, lead))}, Dr], got {list(q_pe.shape)}")
-        if head_dim_v is not None and head_dim_v != q_nope.shape[-1]:
-            raise ValueError(f"head_dim_v ({head_dim_v}) must equal q_nope.shape[-1] ({q_nope.shape[-1]})")
-        if q_nope.stride(-1) != 1:
-            q_nope = q_nope.contiguous()
-        if q_pe.stride(-1) != 1:
-            q_pe = q_pe.contiguous()
     R, DR = q_nope.shape[-1], q_pe.shape[-1]
-    if R < 1 or DR < 1:
-        raise ValueError(f"q_nope and q_pe need at least one channel each, got R={R}, Dr={DR}")
     if q_nope.dim() == 3:
         batch, num_heads = lead
         q_len = 1
@@ -508,30 +630,19 @@ def flash_mla_decode(
             raise ValueError(f"q_nope must hold at least one token per request, got shape {list(q_nope.shape)}")
 
     cache = kv_c_and_k_pe_cache
-    check_tensor("kv_c_and_k_pe_cache", cache, dtypes=(dtype,) + FP8_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
-    if cache.dim() == 4 and cache.shape[2] != 1:
-        raise ValueError(f"kv_c_and_k_pe_cache must have one KV head (shape [pages, P, 1, R + Dr]), got {list(cache.shape)}")
-    if cache.shape[-1] != R + DR:
-        raise ValueError(
-            f"kv_c_and_k_pe_cache rows hold {cache.shape[-1]} channels but q_nope/q_pe give R + Dr = {R} + {DR} = {R + DR}"
-        )
-    page_size = cache.shape[1]
-    check_page_size(page_size, "kv_c_and_k_pe_cache.shape[1] (page size)")
+    page_size = check_latent_cache(cache, dtype, R, DR)
     check_tensor("seq_lens", seq_lens, dtypes=INDEX_DTYPES, shape=(batch,))
     check_tensor("page_table", page_table, dtypes=INDEX_DTYPES, ndim=2, last_dim_contiguous=True)
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table must have {batch} rows (one per request), got shape {list(page_table.shape)}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    sm_scale = check_sm_scale(sm_scale)
     _check_int(num_kv_splits, "num_kv_splits")
     if workspace is not None:
         check_tensor("workspace", workspace, ndim=1)
     device = check_same_device(
         q_nope=q_nope, q_pe=q_pe, kv_c_and_k_pe_cache=cache, seq_lens=seq_lens, page_table=page_table, workspace=workspace
     )
-    host_scale, scale_tensor = _as_kv_scale(kv_scale, device)
+    host_scale, scale_tensor = as_kv_scale(kv_scale, device)
     if validate:
         validate_lengths_and_pages("seq_lens", seq_lens, page_table, page_size, cache.shape[0])
 
@@ -605,6 +716,7 @@ def flash_mla_decode(
             target_lse if target_lse is not None else out, *l_strides,
             float(sm_scale) * host_scale * LOG2E, host_scale,
             num_heads, splits,
+            seq_lens, 0, 0,  # cu_seqlens_q, batch, total_q: ragged mode only
             Q_LEN=q_len, R=R, DR=DR, PAGE_SIZE=page_size,
             BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_DR=block_dr, BLOCK_DV=block_dv,
             HAS_KV_SCALE=scale_tensor is not None,
@@ -612,6 +724,7 @@ def flash_mla_decode(
             SPLIT=splits > 1,
             WRITE_LSE=splits > 1 or lse is not None,
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+            RAGGED=False, CAUSAL=True,
             **tune.launch_options(config),
         )
         if splits > 1:
