@@ -234,7 +234,7 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
     if "g" in fields:
         heads = min(_pow2(fields["g"]), 64)
         out["HEADS_PER_BLOCK"] = heads
-        block_q = max(1, int(cfg.get("BLOCK_M", 64)) // heads) if q == "prefill" else 1
+        block_q = max(1, int(cfg.get("BLOCK_M", 64)) // heads) if q in ("prefill", "varlen") else 1
         out["BLOCK_Q"] = max(block_q, 16 // heads)  # tl.dot needs M >= 16
     return variant, out  # head dims stay the variant's: a config is compiled once, not per bucket
 

@@ -1,6 +1,6 @@
 """The benchmark suite: run every op's benchmark, then write the device's summary and roofline.
 
-    python -m bench [--quick] [--ops paged_attention,mla_decode,local_attention,swa_spec]
+    python -m bench [--quick] [--ops paged_attention,mla_decode,local_attention,swa_spec,varlen_attention]
                     [--peers .peers] [--out bench/results] [--flex] [--vs-heuristic] [--time-budget S]
     python -m bench --plot-only bench/results/<device_key>      # summary.md + roofline.png from CSVs
     python bench/run.py ...                                      # the same
@@ -36,6 +36,7 @@ OPS = {
     "mla_decode": ("bench_mla_decode", True),
     "local_attention": ("bench_local_attention", False),
     "swa_spec": ("bench_swa_spec", False),
+    "varlen_attention": ("bench_varlen_attention", False),
 }
 
 

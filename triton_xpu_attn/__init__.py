@@ -12,11 +12,13 @@ from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_
 from .ops.paged_attention import flash_attn_with_kvcache
 from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
 from .ops.swa_spec import prepare_swa_spec_page_table
+from .ops.varlen_attention import flash_attn_varlen_func
 from . import custom_ops  # noqa: E402,F401  (registers torch.library ops: torch.ops.triton_xpu_attn.*; a few ms at import)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_mla_decode",
     "flash_mla_decode_get_workspace_size",

@@ -19,6 +19,10 @@ custom op                              wraps / differences from the public funct
                                        ``(out, lse)``, ``lse`` of shape ``[0]`` unless
                                        ``return_softmax_lse``
 ``flash_attn_with_kvcache_out``        the same, writing ``out`` in place; returns ``lse``
+``flash_attn_varlen_func``             ``window_size`` as ``window_left``/``window_right``; descales
+                                       tensors; no ``seqused_q``/``qv``/``q_descale`` (unsupported
+                                       anyway) and no hints; always returns ``(out, lse)``, ``lse``
+                                       of shape ``[0]`` unless ``return_softmax_lse``
 ``flash_mla_decode``                   ``kv_scale`` a one-element tensor or None; mutates
                                        ``workspace``; always returns ``(out, lse)`` (``lse`` of
                                        shape ``[0]`` unless ``return_lse``)
@@ -63,10 +67,12 @@ from .ops import mla_prefill as _mla_prefill
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
+from .ops import varlen_attention as _varlen
 
 NAMESPACE = "triton_xpu_attn"
 
 __all__ = [
+    "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_attn_with_kvcache_out",
     "flash_mla_decode",
@@ -188,6 +194,46 @@ def _(q, k_cache, v_cache, cache_seqlens, page_table, out, cu_seqlens_q=None, ma
       num_splits=0, return_softmax_lse=False):
     total_q, heads, _ = _paged_out_shape(q, v_cache)
     return q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
+
+
+@_op("flash_attn_varlen_func")
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    seqused_k: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
+    causal: bool = False,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_attn_varlen_func` as a custom op: ``(out, lse)``."""
+    res = _varlen.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+        softmax_scale=softmax_scale, sinks=sinks, causal=causal, k_descale=k_descale, v_descale=v_descale,
+        window_size=(window_left, window_right), softcap=softcap, num_splits=num_splits,
+        return_softmax_lse=return_softmax_lse,
+    )
+    return res if return_softmax_lse else (res, _no_lse(q))
+
+
+@flash_attn_varlen_func.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
+      sinks=None, causal=False, k_descale=None, v_descale=None, window_left=-1, window_right=-1, softcap=0.0,
+      num_splits=0, return_softmax_lse=False):
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
+    return out, lse
 
 
 # ------------------------------------------------------------------------------------------

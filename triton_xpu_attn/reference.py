@@ -128,6 +128,34 @@ def paged_attention(
     return out, lse
 
 
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None = None,
+    **options,
+):
+    """Attention of ragged queries over ragged contiguous keys (``flash_attn_varlen_func``).
+
+    ``q [total_q, Hq, D]``, ``k [total_k, H_kv, D]``, ``v [total_k, H_kv, Dv]``; request ``b``
+    owns rows ``cu_seqlens_k[b]..`` of k/v, of which it uses the first ``seqused_k[b]`` (clamped
+    to its slice) or all. Expressed as :func:`paged_attention` over pages of one token with a
+    table pointing at each request's rows, so both share one mask and softmax. ``options`` as
+    there; returns ``(out [total_q, Hq, Dv], lse [Hq, total_q])``.
+    """
+    cu_k = [int(x) for x in cu_seqlens_k]
+    slices = [e - s for s, e in zip(cu_k[:-1], cu_k[1:])]
+    used = slices if seqused_k is None else [max(0, min(int(u), n)) for u, n in zip(seqused_k, slices)]
+    table = torch.zeros(len(slices), max(used, default=0), dtype=torch.long, device=k.device)
+    for b, n in enumerate(used):
+        table[b, :n] = torch.arange(cu_k[b], cu_k[b] + n, device=k.device)
+    return paged_attention(
+        q, k[:, None], v[:, None], torch.tensor(used, dtype=torch.long), table, cu_seqlens_q, **options
+    )
+
+
 def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     """Merge two attention states (base e): ``v_a, v_b [N, H, Dv]``, ``s_a, s_b [N, H]``.
 

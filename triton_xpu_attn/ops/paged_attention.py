@@ -1,6 +1,9 @@
-"""Paged attention: ``flash_attn_with_kvcache`` (sgl-kernel-xpu compatible), decode and q_len > 1.
+"""Paged attention: ``flash_attn_with_kvcache`` (sgl-kernel-xpu compatible), decode and q_len > 1,
+and the same kernel over contiguous ragged K/V: ``flash_attn_varlen_func``.
 
-One kernel serves decode, speculative drafts and chunked prefill. A program owns
+One kernel serves decode, speculative drafts, chunked prefill and (``PAGE_SIZE = 0``, the
+contiguous-K/V mode) non-paged ragged prefill, with one copy of the masking and the softmax. A
+program owns
 
 * one request and a tile of its queries (``BLOCK_Q`` tokens) times a block of the query heads
   that share one KV head (GQA packing: the rows of the ``tl.dot`` M dimension are
@@ -68,6 +71,7 @@ def _paged_attention_kernel(
     page_table_ptr, stride_pt_b, max_pages,
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
     k_descale_ptr, stride_kd_b, stride_kd_h,
     v_descale_ptr, stride_vd_b, stride_vd_h,
     sinks_ptr,
@@ -97,6 +101,10 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
+    # PAGE_SIZE = 0: contiguous K/V (flash_attn_varlen_func). Request b's keys are the rows
+    # cu_seqlens_k[b] + key of k / v [total_k, H_kv, D] (token stride stride_k_tok); there is no
+    # page table, and cache_seqlens holds seqused_k (or cu_seqlens_k[1:], see the launcher).
+    CONTIGUOUS_KV: tl.constexpr = PAGE_SIZE == 0
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
 
@@ -159,8 +167,13 @@ def _paged_attention_kernel(
     )
 
     # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
-    # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
-    kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
+    if CONTIGUOUS_KV:
+        # never read past the request's slice of k / v: seqused_k can only shorten it
+        kv_start = tl.load(cu_seqlens_k_ptr + b)
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), tl.load(cu_seqlens_k_ptr + b + 1) - kv_start)
+    else:
+        # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
+        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
     pos = kv_len - q_len + q_row  # absolute position of each query row
     row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
     row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
@@ -220,6 +233,10 @@ def _paged_attention_kernel(
             page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
             k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
             v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
+        elif CONTIGUOUS_KV:
+            # contiguous K/V: the tile is rows kv_start + key of k / v, no page-table read
+            k_rows = (kv_start + key).to(tl.int64) * stride_k_tok
+            v_rows = (kv_start + key).to(tl.int64) * stride_v_tok
         else:
             page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
             k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
@@ -289,6 +306,7 @@ def _register_compile_variants():
         k_cache_ptr="*bf16", stride_k_page="i64", stride_k_tok="i32", stride_k_head="i32",
         v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
         page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        cu_seqlens_k_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
         sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
@@ -316,6 +334,18 @@ def _register_compile_variants():
         {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
          "HEADS_PER_BLOCK": 8, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True},
         dots=2, num_warps=4, op="paged_attention",
+    )
+    # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
+    register_xpu_compile(
+        _paged_attention_kernel, "varlen,bf16,D128,g4,causal",
+        {**common, "BLOCK_Q": 32, "HEADS_PER_BLOCK": 4, "BLOCK_N": 64, "PAGE_SIZE": 0, "SPLIT_KV": False},
+        dots=2, num_warps=8, op="paged_attention",
+    )
+    register_xpu_compile(  # DeepSeek MLA extend: D = 192, Dv = 128, LSE for merge_state_v2
+        _paged_attention_kernel, "varlen,bf16,D192,Dv128,g1,causal,lse",
+        {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "BLOCK_D": 256, "BLOCK_DV": 128,
+         "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True},
+        dots=2, num_warps=8, op="paged_attention",
     )
 
 
@@ -399,6 +429,198 @@ def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.
     if tuple(scale.shape) != (batch, num_kv_heads):
         raise ValueError(f"{name} must be a scalar or have shape [{batch}, {num_kv_heads}], got {list(scale.shape)}")
     return scale.to(torch.float32)
+
+
+def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int, head_dim_v: int) -> None:
+    """q's head dim equals K's, both head dims are supported, and Hq is a multiple of H_kv."""
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"q's head dim ({q.shape[-1]}) must equal {k_name}'s ({head_dim})")
+    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
+        if dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    if q.shape[-2] % num_kv_heads != 0:
+        raise ValueError(f"the query heads ({q.shape[-2]}) must be a multiple of the KV heads ({num_kv_heads})")
+
+
+def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv_len, mapping, cu_seqlens_q,
+            uniform_q_len, max_q, softmax_scale, sinks, causal, window_size, softcap, k_descale, v_descale,
+            num_splits, return_softmax_lse, out):
+    """The attention both public functions run once their layout arguments are checked.
+
+    ``q`` is ragged 3-D. ``k``/``v`` are a paged cache ``[pages, P, H_kv, D]`` read through
+    ``page_table`` (``cu_seqlens_k`` None), or contiguous ``[total_k, H_kv, D]`` rows read from
+    ``cu_seqlens_k[b]`` on (``page_table`` None): the kernel's contiguous-K/V mode. ``kv_lens``
+    ``[B]`` int32 are the keys of each request (clamped in the kernel to the table / the slice);
+    ``max_kv_len`` bounds them on the host (for the split count only).
+    """
+    contiguous = page_table is None
+    num_q_heads, head_dim = q.shape[1], k.shape[-1]
+    num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
+    group_size = num_q_heads // num_kv_heads
+    total_q = q.shape[0]
+    if contiguous:
+        page_size = 0  # the kernel's contiguous-K/V mode
+        k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+        table_args = (cu_seqlens_k, 0, 0)  # no page table: a placeholder pointer, never read
+    else:
+        page_size = k.shape[1]
+        k_strides, v_strides = k.stride()[:3], v.stride()[:3]
+        table_args = (page_table, page_table.stride(0), page_table.shape[1])
+
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1, got {tuple(window_size)}")
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0, got {softcap}")
+    if sinks is not None:
+        check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
+        sinks = sinks.contiguous()
+    k_scale = _as_scale("k_descale", k_descale, batch, num_kv_heads, device)
+    v_scale = _as_scale("v_descale", v_descale, batch, num_kv_heads, device)
+    if out is None:
+        out = torch.empty((total_q, num_q_heads, head_dim_v), dtype=q.dtype, device=device)
+    else:
+        check_tensor("out", out, dtypes=(q.dtype,), shape=(total_q, num_q_heads, head_dim_v), last_dim_contiguous=True)
+    lse = torch.empty((num_q_heads, total_q), dtype=torch.float32, device=device) if return_softmax_lse else None
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
+    if total_q == 0 or batch == 0 or k.numel() == 0:  # no query, or no key anywhere: nothing to launch
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        out.zero_()
+        return (out, lse) if return_softmax_lse else out
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+
+    # ---- tiling: (token, head) rows of one KV head's query group ----
+    decode_like = max_q is not None and max_q <= 16
+    heads_per_block = min(next_power_of_2(group_size), 64)
+    num_head_blocks = cdiv(group_size, heads_per_block)
+
+    def query_tiling(block_m: int) -> tuple[int, int, int]:
+        """(BLOCK_Q, query programs, tiles per request) for a tile of ``block_m`` rows."""
+        if decode_like and next_power_of_2(max_q) * heads_per_block <= block_m:
+            block_q = next_power_of_2(max_q)  # every query of a request in one tile: KV read once
+        else:
+            block_q = max(1, block_m // heads_per_block)
+        block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
+        if mapping == _SEARCH:
+            return block_q, cdiv(total_q, block_q) + batch, 0
+        tiles = cdiv(max_q, block_q) if max_q else 1
+        return block_q, batch * tiles, tiles
+
+    compute_units = _device.compute_units(device)
+    _, programs_guess, _ = query_tiling(64)
+    work = tune.work_bucket(programs_guess * num_kv_heads * num_head_blocks, compute_units)
+    # bucket family: one query per request, a few (drafts: their own tiles), or query-tiled prefill
+    # (contiguous K/V: "varlen" prefill buckets, page field 256 - its tiles read contiguous rows
+    # like a page larger than any tile; files tuned before varlen had buckets give it their
+    # largest page's prefill entry)
+    q_kind = ("decode" if max_q == 1 else "draft") if decode_like else ("varlen" if contiguous else "prefill")
+    fallback = {"draft": {"q": "decode"}, "varlen": {"q": "prefill"}}.get(q_kind)  # files tuned before those buckets
+    config = tune.lookup(
+        "paged_attention",
+        dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
+             q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
+        _heuristic_config(decode_like, head_dim, work),
+        device=device,
+        fallback=fallback,
+    )
+    block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
+
+    # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
+    if left >= 0:
+        max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
+    programs = num_q_programs * num_kv_heads * num_head_blocks
+    if num_splits == 0:
+        splits = cdiv(config["waves"] * compute_units, programs)
+        splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
+    else:
+        splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))
+    splits = max(1, splits)
+    min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
+    pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
+    lse_arg = lse if lse is not None else out
+
+    def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
+        """The kernel's runtime arguments; partials may be dtypes (a compile without launch)."""
+        return (
+            q, q.stride(0), q.stride(1),
+            k, *k_strides,
+            v, *v_strides,
+            *table_args,
+            kv_lens,
+            cu_seqlens_q if cu_seqlens_q is not None else kv_lens,
+            cu_seqlens_k if cu_seqlens_k is not None else kv_lens,
+            *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
+            *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
+            sinks if sinks is not None else q,
+            out, out.stride(0), out.stride(1),
+            lse_arg, lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
+            partial_out, *po_strides,
+            partial_lse, *pl_strides,
+            batch, total_q, num_q_programs, uniform_q_len, tiles_per_request, num_head_blocks,
+            group_size, head_dim, head_dim_v,
+            scale, float(softcap), left, right,
+            num_kv_splits, min_split_tokens,
+        )
+
+    # compile-time arguments, SPLIT_KV aside (it follows the final split count)
+    constexprs = dict(
+        Q_MAPPING=mapping,
+        PAD_ROWS=pad_rows,
+        BLOCK_Q=block_q,
+        HEADS_PER_BLOCK=heads_per_block,
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_DV=next_power_of_2(head_dim_v),
+        PAGE_SIZE=page_size,
+        CAUSAL=bool(causal),
+        HAS_SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
+        HAS_K_DESCALE=k_scale is not None,
+        HAS_V_DESCALE=v_scale is not None,
+        WRITE_LSE=lse is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tune.launch_options(config),
+    )
+
+    def split_partials(num_kv_splits: int, where):
+        """Each split's normalised output [total_q, Hq, splits, Dv] and LSE [total_q, Hq, splits],
+        fp32, on ``where`` ("meta": their strides only)."""
+        return (torch.empty((total_q, num_q_heads, num_kv_splits, head_dim_v), dtype=torch.float32, device=where),
+                torch.empty((total_q, num_q_heads, num_kv_splits), dtype=torch.float32, device=where))
+
+    if num_splits == 0 and splits > 1:
+        # automatic splits fill whole waves of what the device runs at once (the compiled split
+        # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is). The
+        # kernel is compiled at the count before the cut: a count's divisibility may change
+        # Triton's integer specialisation of the split strides, not registers or shared memory.
+        key = (device, q.dtype, k.dtype, tuple(constexprs.items()))
+        if key not in _RESIDENT_PROGRAMS:
+            def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
+                po, pl = split_partials(splits, "meta")
+                with device_guard(device):
+                    return _paged_attention_kernel.warmup(
+                        *launch_args(torch.float32, torch.float32, po.stride()[:3], pl.stride()[:2], splits),
+                        grid=(1, 1, 1), SPLIT_KV=True, **constexprs,
+                    )
+            _RESIDENT_PROGRAMS[key] = _device.resident_programs(compile_split_kernel, device)
+        splits = whole_wave_splits(splits, programs, _RESIDENT_PROGRAMS[key])
+    split_kv = splits > 1
+
+    if split_kv:
+        partial_out, partial_lse = split_partials(splits, device)
+        po_strides, pl_strides = partial_out.stride()[:3], partial_lse.stride()[:2]
+    else:
+        partial_out = partial_lse = out  # placeholders, never touched
+        po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (out.stride(0), out.stride(1))
+
+    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
+    with device_guard(device):
+        _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
+        if split_kv:
+            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
+    return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn_with_kvcache(
@@ -527,14 +749,7 @@ def flash_attn_with_kvcache(
         )
     head_dim_v = v_cache.shape[3]
     num_q_heads = q.shape[-2]
-    if q.shape[-1] != head_dim:
-        raise ValueError(f"q's head dim ({q.shape[-1]}) must equal k_cache's ({head_dim})")
-    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
-    if num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"the query heads ({num_q_heads}) must be a multiple of the KV heads ({num_kv_heads})")
-    group_size = num_q_heads // num_kv_heads
+    _check_heads(q, "k_cache", num_kv_heads, head_dim, head_dim_v)
 
     check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
     batch = page_table.shape[0]
@@ -568,160 +783,17 @@ def flash_attn_with_kvcache(
         mapping = _PER_REQUEST if max_q is not None else _SEARCH
     total_q = q.shape[0]
 
-    left, right = (int(w) for w in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size entries must be >= -1, got {tuple(window_size)}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0, got {softcap}")
     device = check_same_device(
         q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
         cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
     )
-    if sinks is not None:
-        check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
-        sinks = sinks.contiguous()
-    k_scale = _as_scale("k_descale", k_descale, batch, num_kv_heads, device)
-    v_scale = _as_scale("v_descale", v_descale, batch, num_kv_heads, device)
-    if out is None:
-        out = torch.empty((total_q, num_q_heads, head_dim_v), dtype=q.dtype, device=device)
-    else:
-        check_tensor("out", out, dtypes=(q.dtype,), shape=(total_q, num_q_heads, head_dim_v), last_dim_contiguous=True)
-    lse = torch.empty((num_q_heads, total_q), dtype=torch.float32, device=device) if return_softmax_lse else None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
-
     if validate:
         _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
-    if total_q == 0 or batch == 0:
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        out.zero_()
-        return (out, lse) if return_softmax_lse else out
-    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
-
-    # ---- tiling: (token, head) rows of one KV head's query group ----
-    decode_like = max_q is not None and max_q <= 16
-    heads_per_block = min(next_power_of_2(group_size), 64)
-    num_head_blocks = cdiv(group_size, heads_per_block)
-
-    def query_tiling(block_m: int) -> tuple[int, int, int]:
-        """(BLOCK_Q, query programs, tiles per request) for a tile of ``block_m`` rows."""
-        if decode_like and next_power_of_2(max_q) * heads_per_block <= block_m:
-            block_q = next_power_of_2(max_q)  # every query of a request in one tile: KV read once
-        else:
-            block_q = max(1, block_m // heads_per_block)
-        block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
-        if mapping == _SEARCH:
-            return block_q, cdiv(total_q, block_q) + batch, 0
-        tiles = cdiv(max_q, block_q) if max_q else 1
-        return block_q, batch * tiles, tiles
-
-    compute_units = _device.compute_units(device)
-    _, programs_guess, _ = query_tiling(64)
-    work = tune.work_bucket(programs_guess * num_kv_heads * num_head_blocks, compute_units)
-    # bucket family: one query per request, a few (drafts: their own tiles), or query-tiled prefill
-    q_kind = ("decode" if max_q == 1 else "draft") if decode_like else "prefill"
-    config = tune.lookup(
-        "paged_attention",
-        dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=page_size,
-             q=q_kind, w=work, dtype=str(k_cache.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work),
-        device=device,
-        fallback={"q": "decode"} if q_kind == "draft" else None,  # files tuned before drafts had buckets
-    )
-    block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
-
-    # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
-    max_kv_len = page_table.shape[1] * page_size
-    if left >= 0:
-        max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
-    programs = num_q_programs * num_kv_heads * num_head_blocks
-    if num_splits == 0:
-        splits = cdiv(config["waves"] * compute_units, programs)
-        splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
-    else:
-        splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))
-    splits = max(1, splits)
-    min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
-    pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
-    lse_arg = lse if lse is not None else out
-
-    def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
-        """The kernel's runtime arguments; partials may be dtypes (a compile without launch)."""
-        return (
-            q, q.stride(0), q.stride(1),
-            k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            page_table, page_table.stride(0), page_table.shape[1],
-            cache_seqlens,
-            cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
-            *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
-            *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
-            sinks if sinks is not None else q,
-            out, out.stride(0), out.stride(1),
-            lse_arg, lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
-            partial_out, *po_strides,
-            partial_lse, *pl_strides,
-            batch, total_q, num_q_programs, uniform_q_len, tiles_per_request, num_head_blocks,
-            group_size, head_dim, head_dim_v,
-            scale, float(softcap), left, right,
-            num_kv_splits, min_split_tokens,
-        )
-
-    # compile-time arguments, SPLIT_KV aside (it follows the final split count)
-    constexprs = dict(
-        Q_MAPPING=mapping,
-        PAD_ROWS=pad_rows,
-        BLOCK_Q=block_q,
-        HEADS_PER_BLOCK=heads_per_block,
-        BLOCK_N=config["BLOCK_N"],
-        BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_DV=next_power_of_2(head_dim_v),
-        PAGE_SIZE=page_size,
-        CAUSAL=bool(causal),
-        HAS_SOFTCAP=softcap > 0,
-        HAS_SINKS=sinks is not None,
-        HAS_K_DESCALE=k_scale is not None,
-        HAS_V_DESCALE=v_scale is not None,
-        WRITE_LSE=lse is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **tune.launch_options(config),
+    return _launch(
+        q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
+        cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
+        uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
+        window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
+        return_softmax_lse=return_softmax_lse, out=out,
     )
 
-    def split_partials(num_kv_splits: int, where):
-        """Each split's normalised output [total_q, Hq, splits, Dv] and LSE [total_q, Hq, splits],
-        fp32, on ``where`` ("meta": their strides only)."""
-        return (torch.empty((total_q, num_q_heads, num_kv_splits, head_dim_v), dtype=torch.float32, device=where),
-                torch.empty((total_q, num_q_heads, num_kv_splits), dtype=torch.float32, device=where))
-
-    if num_splits == 0 and splits > 1:
-        # automatic splits fill whole waves of what the device runs at once (the compiled split
-        # kernel's occupancy, looked up once per specialisation; unknown on XPU: kept as is). The
-        # kernel is compiled at the count before the cut: a count's divisibility may change
-        # Triton's integer specialisation of the split strides, not registers or shared memory.
-        key = (device, q.dtype, k_cache.dtype, tuple(constexprs.items()))
-        if key not in _RESIDENT_PROGRAMS:
-            def compile_split_kernel():  # compiled (or fetched from Triton's cache), not launched
-                po, pl = split_partials(splits, "meta")
-                with device_guard(device):
-                    return _paged_attention_kernel.warmup(
-                        *launch_args(torch.float32, torch.float32, po.stride()[:3], pl.stride()[:2], splits),
-                        grid=(1, 1, 1), SPLIT_KV=True, **constexprs,
-                    )
-            _RESIDENT_PROGRAMS[key] = _device.resident_programs(compile_split_kernel, device)
-        splits = whole_wave_splits(splits, programs, _RESIDENT_PROGRAMS[key])
-    split_kv = splits > 1
-
-    if split_kv:
-        partial_out, partial_lse = split_partials(splits, device)
-        po_strides, pl_strides = partial_out.stride()[:3], partial_lse.stride()[:2]
-    else:
-        partial_out = partial_lse = out  # placeholders, never touched
-        po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (out.stride(0), out.stride(1))
-
-    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
-    with device_guard(device):
-        _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
-        if split_kv:
-            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
-    return (out, lse) if return_softmax_lse else out

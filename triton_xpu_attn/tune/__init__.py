@@ -394,6 +394,8 @@ def _pa_buckets(quick: bool) -> list[dict]:
            for q in ("decode", "draft") for d, g in shapes for p in pages for w in works]
     if not quick:
         out += [dict(d=128, dv=128, g=4, p=p, q="prefill", w=w, dtype="bfloat16") for p in (16, 64) for w in (4, 32)]
+        # flash_attn_varlen_func (contiguous K/V): page field 256 by convention, see _launch
+        out += [dict(d=128, dv=128, g=4, p=256, q="varlen", w=w, dtype="bfloat16") for w in (4, 32)]
     return out
 
 
@@ -416,6 +418,11 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
             # (H200, 8/1/128, q_len 4, B=64, L=32k: 316 us vs 417 on the 1k/8k pick; experiments/q4_rows.txt)
             lengths += (32768,)
         return [dict(B=batch, L=length, q_len=1 if fields["q"] == "decode" else 4) for length in lengths]
+    if fields["q"] == "varlen":
+        # full prefill, every request's queries over its own keys: L/16 query tiles x H_kv
+        # programs a request. Issue 21's grid (B x L = 8-16k tokens) lands in w=32; w=4 is a short prompt
+        L = 2048 if fields["w"] >= 16 else 256
+        return [dict(B=max(1, programs * 16 // (_pa_kv_heads(fields) * L)), L=L, q_len=L)]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]
 
 
@@ -424,6 +431,13 @@ def _pa_make(problem: dict, fields: dict, device):
 
     B, L, S, P, D, g = problem["B"], problem["L"], problem["q_len"], fields["p"], fields["d"], fields["g"]
     hkv = _pa_kv_heads(fields)
+    if fields["q"] == "varlen":
+        dtype = getattr(torch, fields["dtype"])
+        cu = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=device)
+        cu_q = torch.arange(0, (B + 1) * S, S, dtype=torch.int32, device=device)
+        k, v = (torch.randn(B * L, hkv, D, device=device, dtype=dtype) for _ in range(2))
+        return dict(q=torch.randn(B * S, g * hkv, D, device=device, dtype=dtype), k=k, v=v, cu_q=cu_q, cu_k=cu,
+                    max_q=S, max_k=L)
     n = -(-L // P)
     gen = torch.Generator(device="cpu").manual_seed(0)
     table = (torch.randperm(B * n + 1, generator=gen)[: B * n] + 0).view(B, n).to(torch.int32).to(device)
@@ -436,7 +450,10 @@ def _pa_make(problem: dict, fields: dict, device):
 
 def _pa_run(x):
     from ..ops.paged_attention import flash_attn_with_kvcache
+    from ..ops.varlen_attention import flash_attn_varlen_func
 
+    if "cu_k" in x:
+        return flash_attn_varlen_func(x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], x["max_q"], x["max_k"], causal=True)
     return flash_attn_with_kvcache(x["q"], x["k"], x["v"], cache_seqlens=x["seqlens"], page_table=x["table"], causal=True)
 
 
@@ -445,6 +462,8 @@ def _pa_reference(x):
 
     from .. import reference
 
+    if "cu_k" in x:
+        return reference.varlen_attention(x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], causal=True, dtype=torch.float32)[0]
     out, _ = reference.paged_attention(
         x["q"], x["k"], x["v"], x["seqlens"], x["table"], causal=True, dtype=torch.float32
     )
