@@ -192,9 +192,13 @@ def load_xpu_backend():
 
 
 def runtime_config(module, *, topk=None, num_draft_tokens=None):
-    """sglang's process-wide runtime config (published by the server at launch): the four getters
-    the backend reads, answered for a single-rank, non-deterministic run."""
-    module.get_parallel = lambda: SimpleNamespace(tp_size=1, attn_dcp_size=1, attn_dcp_rank=0)
+    """sglang's process-wide runtime config, which the server publishes at launch: the parallel
+    widths through sglang's own ``get_parallel().override_permanently`` (one rank, no DCP), and the
+    three config bags the backend module reads (``get_spec`` / ``get_exec`` / ``get_schedule``,
+    which need a published ``ServerArgs``) answered as its module globals."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(tp_size=1, attn_dcp_size=1, attn_dcp_rank=0)
     module.get_spec = lambda: SimpleNamespace(
         speculative_eagle_topk=topk, speculative_num_draft_tokens=num_draft_tokens
     )

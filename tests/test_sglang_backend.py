@@ -176,20 +176,18 @@ def _layer(xb, sc, *, sliding_window_size=-1, logit_cap=0.0, use_irope=False, sc
     return layer
 
 
-def _run(xb, sc, mode, layer, *, sinks=None):
-    xb_mod = xb
-    sglang_harness.runtime_config(xb_mod)
-    backend = xb_mod.XPUAttentionBackend(sc.model_runner())
+def _run(xb, sc, mode, layer, *, sinks=None, spec=None):
+    sglang_harness.runtime_config(xb, **(spec or {}))
+    backend = xb.XPUAttentionBackend(sc.model_runner())
     fb = sc.forward_batch(mode)
     backend.init_forward_metadata(fb)
     q = sc.queries(layer.head_dim)
     k = sc.new_rows(sc.keys)
     v = sc.new_rows(sc.vals)
     forward = backend.forward_decode if mode.is_decode() else backend.forward_extend
-    if sc.mla:
-        out = forward(q.reshape(q.shape[0], -1), k, None, layer, fb) if False else forward(
-            q, k[:, :, :512], v[:, :, :0].new_empty(0), layer, fb, k_rope=k[:, :, 512:]
-        )
+    if sc.mla:  # absorbed MLA: k = latent c_kv [N, 1, 512] (also V), k_rope [N, 1, 64]
+        out = forward(q.reshape(q.shape[0], -1), k[:, :, :512].contiguous(), k[:, :, :512].contiguous(), layer, fb,
+                      k_rope=k[:, :, 512:].contiguous())
     else:
         out = forward(q.reshape(q.shape[0], -1), k, v, layer, fb, sinks=sinks)
     return q, out
@@ -220,3 +218,61 @@ def test_gqa_extend_with_prefix(xb, page_size):
     layer = _layer(xb, sc)
     q, out = _run(xb, sc, xb.ForwardMode.EXTEND, layer)
     assert_close(out.view(-1, sc.hq, sc.d), _reference(sc, q, layer), DTYPE)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_sliding_window_with_sinks(xb, mode):
+    """gpt-oss style layer: window (W, 0) inclusive (the model already subtracted 1), sinks [Hq]."""
+    window = 9
+    new = [1, 1, 1] if mode == "decode" else [6, 2, 11]
+    sc = Scenario(xb, prefix=[3, 30, 21], new=new, page_size=16, swa_window=window, seed=2)
+    layer = _layer(xb, sc, sliding_window_size=window)
+    sinks = torch.randn(sc.hq, generator=sc.g).to(DEVICE)
+    q, out = _run(xb, sc, getattr(xb.ForwardMode, mode.upper()), layer, sinks=sinks)
+    ref = _reference(sc, q, layer, window=(window, 0), sinks=sinks)
+    assert_close(out.view(-1, sc.hq, sc.d), ref, DTYPE)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_llama4_local_attention(xb, mode):
+    """Llama-4 chunked local attention (attention_chunk_size, use_irope) at page size 16: the
+    backend's local virtual batches over a page-granular table (the page-size > 1 case of sglang's
+    GSM8K fix)."""
+    chunk = 32
+    new = [1, 1, 1] if mode == "decode" else [9, 40, 5]
+    sc = Scenario(xb, prefix=[50, 20, 64], new=new, page_size=16, chunk_size=chunk, seed=3)
+    layer = _layer(xb, sc, use_irope=True)
+    q, out = _run(xb, sc, getattr(xb.ForwardMode, mode.upper()), layer)
+    k_cache, table = sc.logical_cache(sc.keys)
+    v_cache, _ = sc.logical_cache(sc.vals)
+    ref = reference.chunked_local_attention(
+        q.cpu(), k_cache, v_cache, sc.cu_q().tolist(), sc.seq_lens, table, chunk, softmax_scale=layer.scaling
+    )
+    assert_close(out.view(-1, sc.hq, sc.d), ref, DTYPE)
+
+
+def _mla_reference(sc, q, layer):
+    cache, table = sc.logical_cache(sc.keys)  # [B * L, 1, 1, 576]
+    cu = sc.cu_q().tolist()
+    outs = []
+    for b in range(len(sc.new)):
+        qb = q[cu[b] : cu[b + 1]].cpu()[None]  # [1, S, H, 576]
+        o, _ = reference.mla_decode(qb[..., :512], qb[..., 512:], cache[:, :, 0], [sc.seq_lens[b]], table[b : b + 1],
+                                    layer.scaling)
+        outs.append(o[0])
+    return torch.cat(outs)
+
+
+def test_mla_decode(xb):
+    sc = Scenario(xb, prefix=[12, 40], new=[1, 1], page_size=16, num_q_heads=4, mla=True, seed=4)
+    layer = _layer(xb, sc, scaling=192**-0.5)
+    q, out = _run(xb, sc, xb.ForwardMode.DECODE, layer)
+    assert_close(out.view(-1, sc.hq, 512), _mla_reference(sc, q, layer), DTYPE)
+
+
+def test_mla_prefill(xb):
+    """Absorbed MLA extend: flash_mla_prefill over the paged latent cache, causal with a prefix."""
+    sc = Scenario(xb, prefix=[0, 21], new=[5, 8], page_size=16, num_q_heads=4, mla=True, seed=5)
+    layer = _layer(xb, sc, scaling=192**-0.5)
+    q, out = _run(xb, sc, xb.ForwardMode.EXTEND, layer)
+    assert_close(out.view(-1, sc.hq, 512), _mla_reference(sc, q, layer), DTYPE)

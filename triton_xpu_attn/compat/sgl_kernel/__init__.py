@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import torch
 
-import triton_xpu_attn as _ops
-from triton_xpu_attn import flash_mla_decode, flash_mla_get_workspace_size, merge_state_v2
+from triton_xpu_attn import (
+    flash_mla_decode,
+    flash_mla_decode_get_workspace_size,
+    flash_mla_get_workspace_size,
+    flash_mla_prefill,
+    flash_mla_prefill_get_workspace_size,
+    merge_state_v2,
+)
 
 from . import flash_attn  # noqa: F401  (sgl_kernel.flash_attn is a submodule, as in sgl-kernel-xpu)
-from .._lazy import root_op, unprovided
-
-# sglang 0.5.23 calls the decode workspace size by its new name; the old one stays
-flash_mla_decode_get_workspace_size = root_op("flash_mla_decode_get_workspace_size", fallback=flash_mla_get_workspace_size)
-flash_mla_prefill = root_op("flash_mla_prefill")
-flash_mla_prefill_get_workspace_size = root_op("flash_mla_prefill_get_workspace_size")
+from .._stand_ins import unprovided
 
 
 def store_cache_xpu(
@@ -83,5 +84,3 @@ __all__ = [
     "merge_state_v2",
     "store_cache_xpu",
 ]
-
-del _ops

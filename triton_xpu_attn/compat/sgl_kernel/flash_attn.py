@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import triton_xpu_attn as _root
 
-from .._lazy import root_op
-
-_varlen = root_op("flash_attn_varlen_func")
-
 
 def _sgl_result(result, return_softmax_lse: bool):
     if not return_softmax_lse:
@@ -120,7 +116,7 @@ def flash_attn_varlen_func(
     Returns ``out [total_q, Hq, Dv]``, or with ``return_softmax_lse`` the 4-tuple
     ``(out, lse [Hq, total_q] fp32, None, None)``.
     """
-    result = _varlen(
+    result = _root.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
         qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, window_size=tuple(window_size),
