@@ -66,7 +66,7 @@ class Scenario:
     """One batch: requests with ``prefix`` cached tokens and ``new`` tokens this forward."""
 
     def __init__(self, xb, *, prefix, new, page_size, num_q_heads=4, num_kv_heads=2, head_dim=64,
-                 mla=False, swa_window=None, chunk_size=None, seed=0):
+                 mla=False, swa_window=None, chunk_size=None, swa_pool=False, verify=False, seed=0):
         self.xb = xb
         self.g = torch.Generator().manual_seed(seed)
         self.prefix, self.new = list(prefix), list(new)
@@ -83,7 +83,23 @@ class Scenario:
         self.req_to_token = self.req_to_token.to(DEVICE)
         self.req_pool_indices = torch.arange(1, batch + 1, device=DEVICE)
         mem = __import__("sglang.srt.mem_cache.memory_pool", fromlist=["x"])
-        if mla:
+        self.swa_pool, self.verify = swa_pool, verify
+        if swa_pool:  # hybrid pool: layer 0 sliding-window (own slot space), layer 1 full attention
+            swa_mod = __import__("sglang.srt.mem_cache.swa_memory_pool", fromlist=["x"])
+            self.pool = swa_mod.SWAKVPool(
+                self.pool_size, self.pool_size, page_size, DTYPE, self.hk, self.d, swa_attention_layer_ids=[0],
+                full_attention_layer_ids=[1], device=DEVICE,
+            )
+            # page-consistent full -> SWA slot mapping (pages shuffled), sentinel -1 last, as sglang's allocator
+            num_pages = self.pool_size // page_size + 1
+            swa_pages = torch.randperm(num_pages - 1, generator=self.g) + 1
+            mapping = torch.zeros(num_pages * page_size + 1, dtype=torch.int64)
+            for p in range(1, num_pages):
+                mapping[p * page_size : (p + 1) * page_size] = swa_pages[p - 1] * page_size + torch.arange(page_size)
+            mapping[-1] = -1
+            self.pool.full_to_swa_index_mapping = mapping.to(DEVICE)
+            buffers = [(self.pool.full_kv_pool, None), (self.pool.swa_kv_pool, self.pool.full_to_swa_index_mapping)]
+        elif mla:
             self.pool = mem.MLATokenToKVPool(
                 self.pool_size, page_size=page_size, dtype=DTYPE, kv_lora_rank=512, qk_rope_head_dim=64,
                 layer_num=1, device=DEVICE, enable_memory_saver=False,
@@ -94,15 +110,24 @@ class Scenario:
                 self.pool_size, page_size=page_size, dtype=DTYPE, head_num=self.hk, head_dim=self.d,
                 layer_num=1, device=DEVICE, enable_memory_saver=False,
             )
-            self.pool.k_buffer[0].fill_(float("nan"))
-            self.pool.v_buffer[0].fill_(float("nan"))
         # each request's logical K/V rows (prefix cached now, new tokens written by the forward)
         width_k = 576 if mla else self.d
         self.keys = [torch.randn(n, self.hk, width_k, generator=self.g).to(DTYPE) for n in self.seq_lens]
         self.vals = [torch.randn(n, self.hk, self.dv, generator=self.g).to(DTYPE) for n in self.seq_lens]
+        if not swa_pool:
+            buffers = [(self.pool, None)]
+        for pool, mapping in buffers:
+            if not mla:
+                pool.k_buffer[0].fill_(float("nan"))
+                pool.v_buffer[0].fill_(float("nan"))
         for b in range(batch):
             loc = torch.tensor(self.slots[b][: self.prefix[b]], dtype=torch.int64, device=DEVICE)
-            if mla:
+            if swa_pool:
+                for pool, mapping in buffers:
+                    at = loc if mapping is None else mapping[loc]
+                    pool.k_buffer[0][at] = self.keys[b][: self.prefix[b]].to(DEVICE)
+                    pool.v_buffer[0][at] = self.vals[b][: self.prefix[b]].to(DEVICE)
+            elif mla:
                 self.pool.kv_buffer[0][loc] = self.keys[b][: self.prefix[b]].to(DEVICE)
             else:
                 self.pool.k_buffer[0][loc] = self.keys[b][: self.prefix[b]].to(DEVICE)
@@ -121,7 +146,7 @@ class Scenario:
             req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=self.req_to_token.shape[0]),
             token_to_kv_pool=self.pool,
             kv_cache_dtype=DTYPE, kv_cache_dtype_str="auto", page_size=self.page_size,
-            is_hybrid_swa=False, is_draft_worker=False,
+            is_hybrid_swa=self.swa_pool, is_draft_worker=False,
         )
         if self.chunk_size is not None:
             runner.attention_chunk_size = self.chunk_size
@@ -131,11 +156,12 @@ class Scenario:
         fbi = __import__("sglang.srt.model_executor.forward_batch_info", fromlist=["x"])
         batch = len(self.prefix)
         out_loc = torch.tensor([s for b in range(batch) for s in self.slots[b][self.prefix[b]:]], device=DEVICE)
-        seq_lens = torch.tensor(self.seq_lens, dtype=torch.int32, device=DEVICE)
+        # target verify: seq_lens are the committed tokens, the drafts come on top
+        seq_lens = torch.tensor(self.prefix if self.verify else self.seq_lens, dtype=torch.int32, device=DEVICE)
         fb = fbi.ForwardBatch(
             forward_mode=mode, batch_size=batch, input_ids=torch.zeros(sum(self.new), dtype=torch.int64, device=DEVICE),
             req_pool_indices=self.req_pool_indices, seq_lens=seq_lens, out_cache_loc=out_loc,
-            seq_lens_sum=sum(self.seq_lens),
+            seq_lens_sum=int(seq_lens.sum()),
         )
         fb.seq_lens_cpu = seq_lens.cpu()
         fb.positions = torch.cat([torch.arange(p, p + n) for p, n in zip(self.prefix, self.new)]).to(DEVICE)
@@ -165,22 +191,26 @@ class Scenario:
         return torch.tensor([0] + list(torch.tensor(self.new).cumsum(0)), dtype=torch.int32)
 
 
-def _layer(xb, sc, *, sliding_window_size=-1, logit_cap=0.0, use_irope=False, scaling=None):
+def _layer(xb, sc, *, sliding_window_size=-1, logit_cap=0.0, use_irope=False, scaling=None, layer_id=0):
     radix = __import__("sglang.srt.layers.radix_attention", fromlist=["x"])
     v_head_dim = 512 if sc.mla else sc.d
     head_dim = 576 if sc.mla else sc.d
     layer = radix.RadixAttention(
-        sc.hq, head_dim, scaling if scaling is not None else head_dim**-0.5, sc.hk, layer_id=0,
+        sc.hq, head_dim, scaling if scaling is not None else head_dim**-0.5, sc.hk, layer_id=layer_id,
         logit_cap=logit_cap, v_head_dim=v_head_dim, sliding_window_size=sliding_window_size, use_irope=use_irope,
     )
     return layer
 
 
-def _run(xb, sc, mode, layer, *, sinks=None, spec=None):
-    sglang_harness.runtime_config(xb, **(spec or {}))
-    backend = xb.XPUAttentionBackend(sc.model_runner())
-    fb = sc.forward_batch(mode)
-    backend.init_forward_metadata(fb)
+def _run(xb, sc, mode, layer, *, sinks=None, spec=None, spec_info=None, reuse=False):
+    """Metadata once per forward (``reuse`` runs another layer of the same forward), then the layer."""
+    if not reuse:
+        sglang_harness.runtime_config(xb, **(spec or {}))
+        sc.backend = xb.XPUAttentionBackend(sc.model_runner())
+        sc.fb = sc.forward_batch(mode)
+        sc.fb.spec_info = spec_info
+        sc.backend.init_forward_metadata(sc.fb)
+    backend, fb = sc.backend, sc.fb
     q = sc.queries(layer.head_dim)
     k = sc.new_rows(sc.keys)
     v = sc.new_rows(sc.vals)
@@ -276,3 +306,95 @@ def test_mla_prefill(xb):
     layer = _layer(xb, sc, scaling=192**-0.5)
     q, out = _run(xb, sc, xb.ForwardMode.EXTEND, layer)
     assert_close(out.view(-1, sc.hq, 512), _mla_reference(sc, q, layer), DTYPE)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_swa_layer_on_hybrid_pool(xb, page_size, mode):
+    """Hybrid SWA model on sglang's SWAKVPool: the SWA layer reads through the backend's
+    ``swa_page_table`` (``translate_loc_from_full_to_swa`` of the full table, then page-strided) and
+    writes through ``swa_out_cache_loc``; the full layer reads the full pool."""
+    window = 7
+    new = [1, 1] if mode == "decode" else [4, 9]
+    sc = Scenario(xb, prefix=[20, 33], new=new, page_size=page_size, swa_window=window, swa_pool=True, seed=6)
+    forward_mode = getattr(xb.ForwardMode, mode.upper())
+    swa_layer = _layer(xb, sc, sliding_window_size=window, layer_id=0)
+    q, out = _run(xb, sc, forward_mode, swa_layer)
+    assert_close(out.view(-1, sc.hq, sc.d), _reference(sc, q, swa_layer, window=(window, 0)), DTYPE)
+    full_layer = _layer(xb, sc, layer_id=1)
+    q, out = _run(xb, sc, forward_mode, full_layer, reuse=True)
+    assert_close(out.view(-1, sc.hq, sc.d), _reference(sc, q, full_layer), DTYPE)
+
+
+# draft tree of 3 tokens: 0 is the root, 1 and 2 its children (row i: which drafts token i sees)
+TREE = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+
+
+def _tree_verify_inputs(sc):
+    """EAGLE target verify with topk > 1: the flattened custom mask the backend slices (per request
+    ``[ndt, seq_len + ndt]``: the prefix fully visible, the drafts by ``TREE``) and the float64
+    reference's pseudo-requests (one per draft token: its prefix, then its visible drafts in order)."""
+    ndt = TREE.shape[0]
+    rows, keys, vals = [], [], []
+    for b, committed in enumerate(sc.prefix):
+        block = torch.ones(ndt, committed + ndt, dtype=torch.bool)
+        block[:, committed:] = TREE
+        rows.append(block.flatten())
+        for i in range(ndt):
+            picked = list(range(committed)) + [committed + j for j in range(ndt) if TREE[i, j]]
+            keys.append(sc.keys[b][picked])
+            vals.append(sc.vals[b][picked])
+    spec_info = SimpleNamespace(custom_mask=torch.cat(rows).to(DEVICE), num_tokens_per_req=ndt)
+    return spec_info, keys, vals
+
+
+def _tree_reference(sc, q, layer, keys, vals, window):
+    longest = max(len(k) for k in keys)
+    k_cache = torch.zeros(len(keys) * longest, 1, *keys[0].shape[1:], dtype=torch.float64)
+    v_cache = torch.zeros(len(vals) * longest, 1, *vals[0].shape[1:], dtype=torch.float64)
+    for m, (k, v) in enumerate(zip(keys, vals)):
+        k_cache[m * longest : m * longest + len(k), 0] = k.double()
+        v_cache[m * longest : m * longest + len(v), 0] = v.double()
+    table = torch.arange(len(keys) * longest, dtype=torch.int32).view(len(keys), longest)
+    ref, _ = reference.paged_attention(
+        q.cpu(), k_cache, v_cache, torch.tensor([len(k) for k in keys]), table,
+        torch.arange(len(keys) + 1, dtype=torch.int32), softmax_scale=layer.scaling, causal=True, window_size=window,
+    )
+    return ref
+
+
+def _tree_verify(xb, sc, window, layers):
+    ndt = TREE.shape[0]
+    spec_info, keys, vals = _tree_verify_inputs(sc)
+    spec = dict(topk=2, num_draft_tokens=ndt)
+    for n, (layer, layer_window) in enumerate(layers):
+        q, out = _run(xb, sc, xb.ForwardMode.TARGET_VERIFY, layer, spec=spec, spec_info=spec_info, reuse=n > 0)
+        ref = _tree_reference(sc, q, layer, keys, vals, layer_window)
+        assert_close(out.view(-1, sc.hq, sc.d), ref, DTYPE, what=f"layer {layer.layer_id}")
+
+
+def test_tree_verify_cascade_full_attention(xb):
+    """Target verify with topk > 1 on full-attention layers at page size 16: the backend's cascade
+    (prefix pass + per-draft flat-table pass with LSE, merged by merge_state_v2)."""
+    sc = Scenario(xb, prefix=[11, 26], new=[3, 3], page_size=16, verify=True, seed=7)
+    _tree_verify(xb, sc, None, [(_layer(xb, sc), (-1, -1))])
+
+
+def test_swa_tree_verify(xb):
+    """SWA layers with speculative tree verify (page size 1, as the backend asserts): the SWA layer
+    goes through ``swa_spec_metadata`` (prepare_swa_spec_page_table_triton), the full layer through
+    the cascade, one forward."""
+    window = 5
+    sc = Scenario(xb, prefix=[11, 26], new=[3, 3], page_size=1, swa_window=window, verify=True, seed=8)
+    _tree_verify(xb, sc, window, [(_layer(xb, sc, sliding_window_size=window), (window, 0)), (_layer(xb, sc), (-1, -1))])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "sglang 0.5.23's XPU backend builds swa_spec_metadata.page_table from full-pool slots and never "
+    "translates it with translate_loc_from_full_to_swa (its FlashAttention backend does), so on an "
+    "SWAKVPool the SWA layer's tree verify reads the wrong slots (poisoned here: NaN); an upstream bug, not ours. "
+    "Translating page_table_a/b before prepare_swa_spec_page_table_triton, as the FA backend does, makes it pass"))
+def test_swa_tree_verify_on_hybrid_pool(xb):
+    window = 5
+    sc = Scenario(xb, prefix=[11, 26], new=[3, 3], page_size=1, swa_window=window, swa_pool=True, verify=True, seed=9)
+    _tree_verify(xb, sc, window, [(_layer(xb, sc, sliding_window_size=window, layer_id=0), (window, 0))])
