@@ -51,31 +51,41 @@ STUBS = {
 ALIASES = {"regex": "re"}  # `import regex as re` in parsers; patterns compiled at import are stdlib-compatible
 
 
-class _StubMeta(type):
+class _Empty:
+    """Container protocol of a stub (on its class through the metaclass, and on its instances):
+    empty, writes ignored."""
+
+    def __iter__(self):
+        return iter(())
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __contains__(self, key):
+        return False
+
+    def __len__(self):
+        return 0
+
+
+def _called(make, args, kwargs):
+    """A stub called with one function and nothing else is a decorator: leave the function alone."""
+    if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], _StubMeta):
+        return args[0]
+    return make()
+
+
+class _StubMeta(_Empty, type):
     def __getattr__(cls, name):
         if name.startswith("__") and name.endswith("__") and name != "__class_validators__":
             raise AttributeError(name)
         return _stub_class(name)
 
     def __call__(cls, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], _StubMeta):
-            return args[0]  # used as a decorator: leave the function alone
-        return super().__call__()
-
-    def __iter__(cls):
-        return iter(())
+        return _called(super().__call__, args, kwargs)
 
     def __getitem__(cls, item):
         return cls
-
-    def __setitem__(cls, key, value):
-        pass
-
-    def __contains__(cls, key):
-        return False
-
-    def __len__(cls):
-        return 0
 
     def __or__(cls, other):
         return cls
@@ -83,7 +93,7 @@ class _StubMeta(type):
     __ror__ = __or__
 
 
-class _Stub(metaclass=_StubMeta):
+class _Stub(_Empty, metaclass=_StubMeta):
     def __init__(self, *args, **kwargs):
         pass
 
@@ -96,24 +106,10 @@ class _Stub(metaclass=_StubMeta):
         return _stub_class(name)
 
     def __call__(self, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]):
-            return args[0]
-        return _Stub()
-
-    def __iter__(self):
-        return iter(())
+        return _called(_Stub, args, kwargs)
 
     def __getitem__(self, key):
         return _Stub()
-
-    def __setitem__(self, key, value):
-        pass
-
-    def __contains__(self, key):
-        return False
-
-    def __len__(self):
-        return 0
 
 
 def _stub_class(name):
