@@ -13,7 +13,6 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import os
-import re
 import sys
 import types
 from types import SimpleNamespace
@@ -153,6 +152,25 @@ def _sglang_sees_no_cuda():
 
 
 _BACKEND_MODULE = None
+_FINDER = _StubFinder()
+
+
+@contextlib.contextmanager
+def stubbed():
+    """The stubs answer imports only inside this block (sglang imports some lazily, during a
+    forward): afterwards the finder leaves ``sys.meta_path`` and the stub modules leave
+    ``sys.modules`` (sglang's modules keep their references), so the rest of a pytest session
+    imports exactly as it would without these tests."""
+    sys.meta_path.insert(0, _FINDER)
+    for name, target in ALIASES.items():
+        sys.modules.setdefault(name, importlib.import_module(target))
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(_FINDER)
+        for name in [m for m in sys.modules if m.partition(".")[0] in STUBS or m in ALIASES]:
+            if isinstance(sys.modules[name], _StubModule) or name in ALIASES:
+                del sys.modules[name]
 
 
 def site_dir() -> str | None:
@@ -161,7 +179,8 @@ def site_dir() -> str | None:
 
 
 def load_xpu_backend():
-    """Import ``sglang.srt.layers.attention.xpu_backend`` with our compat module as ``sgl_kernel``."""
+    """Import ``sglang.srt.layers.attention.xpu_backend`` with our compat module as ``sgl_kernel``
+    (call it inside :func:`stubbed`)."""
     global _BACKEND_MODULE
     if _BACKEND_MODULE is not None:
         return _BACKEND_MODULE
@@ -172,10 +191,6 @@ def load_xpu_backend():
 
     if site not in sys.path:
         sys.path.append(site)
-    for name, target in ALIASES.items():
-        sys.modules.setdefault(name, importlib.import_module(target))
-    if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _StubFinder())
     report = triton_xpu_attn.compat.install(["sgl_kernel"])
     assert report["sgl_kernel"] in ("installed", "already installed"), report
     with _sglang_sees_no_cuda():

@@ -43,9 +43,11 @@ pytestmark = pytest.mark.skipif(
 DTYPE = torch.float16
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def xb():
-    return sglang_harness.load_xpu_backend()
+    """sglang's xpu_backend module; the stubs answer imports for the test's duration only."""
+    with sglang_harness.stubbed():
+        yield sglang_harness.load_xpu_backend()
 
 
 def _pages_for(lens, page_size, generator):
