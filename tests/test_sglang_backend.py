@@ -400,3 +400,42 @@ def test_swa_tree_verify_on_hybrid_pool(xb):
     window = 5
     sc = Scenario(xb, prefix=[11, 26], new=[3, 3], page_size=1, swa_window=window, swa_pool=True, verify=True, seed=9)
     _tree_verify(xb, sc, window, [(_layer(xb, sc, sliding_window_size=window, layer_id=0), (window, 0))])
+
+
+def test_mla_chunked_prefix_mha(xb):
+    """DeepSeek's MHA prefill of an MLA model (the backend's flash_attn_varlen_func path): the new
+    tokens causal with LSE, the cached prefix as one non-causal chunk with LSE, merged with
+    ``sgl_kernel.merge_state_v2`` as the model does; against causal attention over prefix + new."""
+    import sgl_kernel
+
+    sc = Scenario(xb, prefix=[6, 17], new=[5, 3], page_size=16, num_q_heads=4, mla=True, seed=10)
+    heads, d, dv = sc.hq, 192, 128
+    layer = __import__("sglang.srt.layers.radix_attention", fromlist=["x"]).RadixAttention(
+        heads, d, d**-0.5, heads, layer_id=0, v_head_dim=dv
+    )
+    g = sc.g
+    keys = [torch.randn(n, heads, d, generator=g).to(DTYPE) for n in sc.seq_lens]
+    vals = [torch.randn(n, heads, dv, generator=g).to(DTYPE) for n in sc.seq_lens]
+    q = sc.queries(d)
+    sglang_harness.runtime_config(xb)
+    backend = xb.XPUAttentionBackend(sc.model_runner())
+    fb = sc.forward_batch(xb.ForwardMode.EXTEND)
+    fb.spec_info = None
+    backend.init_forward_metadata(fb)
+    fb.mha_return_lse = True
+    fb.attn_attend_prefix_cache = False  # the new tokens among themselves
+    new_k = torch.cat([k[p:] for k, p in zip(keys, sc.prefix)]).to(DEVICE)
+    new_v = torch.cat([v[p:] for v, p in zip(vals, sc.prefix)]).to(DEVICE)
+    o_new, lse_new = backend.forward_extend(q, new_k, new_v, layer, fb, save_kv_cache=False)
+    fb.attn_attend_prefix_cache = True  # one chunk holding every request's whole prefix
+    fb.prefix_chunk_idx = 0
+    fb.prefix_chunk_cu_seq_lens = [torch.tensor([0, *torch.tensor(sc.prefix).cumsum(0).tolist()], dtype=torch.int32,
+                                                device=DEVICE)]
+    fb.prefix_chunk_max_seq_lens = [max(sc.prefix)]
+    pre_k = torch.cat([k[:p] for k, p in zip(keys, sc.prefix)]).to(DEVICE)
+    pre_v = torch.cat([v[:p] for v, p in zip(vals, sc.prefix)]).to(DEVICE)
+    o_pre, lse_pre = backend.forward_extend(q, pre_k, pre_v, layer, fb, save_kv_cache=False)
+    assert lse_new.shape == lse_pre.shape == (q.shape[0], heads)
+    out, _ = sgl_kernel.merge_state_v2(o_pre, lse_pre, o_new, lse_new)
+    sc.keys, sc.vals = keys, vals
+    assert_close(out, _reference(sc, q, layer), DTYPE)
