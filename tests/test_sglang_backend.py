@@ -439,3 +439,40 @@ def test_mla_chunked_prefix_mha(xb):
     out, _ = sgl_kernel.merge_state_v2(o_pre, lse_pre, o_new, lse_new)
     sc.keys, sc.vals = keys, vals
     assert_close(out, _reference(sc, q, layer), DTYPE)
+
+
+def test_draft_decode_topk_cascade(xb):
+    """EAGLE draft decode with topk 2 at step 1 of 3 (page size 16): forward_decode's cascade, the
+    shared prefix once for both branches (q_len = topk, non-causal) plus each branch's own drafts
+    through a flat table, merged by ``sgl_kernel.merge_state_v2``."""
+    topk, steps, step = 2, 3, 1
+    sc = Scenario(xb, prefix=[9, 21], new=[topk * steps] * 2, page_size=16, verify=True, seed=11)
+    # draft slots per request: branch-major, then step; earlier steps are in the cache already
+    for b, committed in enumerate(sc.prefix):
+        for k in range(topk):
+            rows = [committed + k * steps + t for t in range(step)]
+            loc = torch.tensor([sc.slots[b][r] for r in rows], device=DEVICE)
+            sc.pool.k_buffer[0][loc] = sc.keys[b][rows].to(DEVICE)
+            sc.pool.v_buffer[0][loc] = sc.vals[b][rows].to(DEVICE)
+    sglang_harness.runtime_config(xb, topk=topk)
+    backend = xb.XPUAttentionBackend(sc.model_runner(), speculative_step_id=step, topk=topk,
+                                     speculative_num_steps=steps)
+    fb = sc.forward_batch(xb.ForwardMode.DECODE)
+    fb.spec_info = SimpleNamespace()
+    backend.init_forward_metadata(fb)  # takes every draft slot from out_cache_loc
+    current = [committed + k * steps + step for committed in sc.prefix for k in range(topk)]
+    owners = [b for b in range(2) for _ in range(topk)]
+    fb.out_cache_loc = torch.tensor([sc.slots[b][r] for b, r in zip(owners, current)], device=DEVICE)
+    layer = _layer(xb, sc)
+    q = torch.randn(len(current), sc.hq, sc.d, generator=sc.g).to(DTYPE).to(DEVICE)
+    k = torch.stack([sc.keys[b][r] for b, r in zip(owners, current)]).to(DEVICE)
+    v = torch.stack([sc.vals[b][r] for b, r in zip(owners, current)]).to(DEVICE)
+    out = backend.forward_decode(q.reshape(q.shape[0], -1), k, v, layer, fb)
+    keys, vals = [], []  # per branch: the prefix, then its own drafts up to this step
+    for b, r in zip(owners, current):
+        first = r - step
+        picked = list(range(sc.prefix[b])) + list(range(first, r + 1))
+        keys.append(sc.keys[b][picked])
+        vals.append(sc.vals[b][picked])
+    ref = _tree_reference(sc, q, layer, keys, vals, (-1, -1))
+    assert_close(out.view(-1, sc.hq, sc.d), ref, DTYPE)
