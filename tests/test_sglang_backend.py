@@ -1,26 +1,46 @@
 """sglang 0.5.23's own ``XPUAttentionBackend`` (``sglang/srt/layers/attention/xpu_backend.py``, the
 PyPI wheel's code, unedited) running on triton_xpu_attn through ``triton_xpu_attn.compat.install()``
 as ``sgl_kernel``: ``init_forward_metadata`` + ``forward_decode`` / ``forward_extend`` against the
-float64 reference over each request's logical token sequence.
+float64 reference over each request's logical token sequence (NaN in every pool slot no request
+owns).
+
+Driven: GQA decode and extend with a prefix at page sizes 1/16/64; sliding window + sinks;
+Llama-4 local attention (attention_chunk_size, use_irope) at page size 16; MLA decode
+(flash_mla_decode) and MLA prefill (flash_mla_prefill); DeepSeek's MHA prefill of an MLA model
+(flash_attn_varlen_func causal + prefix chunk with LSE, merged by merge_state_v2); SWA layers on
+sglang's SWAKVPool (translate_loc_from_full_to_swa tables); EAGLE tree verify (topk 2) with the
+cascade on full layers and swa_spec_metadata on SWA layers; EAGLE draft decode with topk 2 (the
+decode cascade).
+
+Not driven, and why: DCP (needs a multi-rank process group); the XPU-graph capture/replay path
+(needs a device graph runtime; its kernels are the eager decode's); encoder-decoder cross attention
+(Whisper; not in scope, its kernel call is the flat-table call the cascade drives); the fp8 KV decode
+path (the backend casts q to the fp8 cache dtype; our kernels take fp16/bf16/fp32 q and raise
+ValueError naming it); Gemma-3 bidirectional image blocks (``bidirectional_block_ids``: ValueError,
+not implemented); SWA + tree verify at page size > 1 (the backend asserts page size 1); absorbed
+MLA with a cascade (the backend asserts it unsupported). SWA tree verify on an SWAKVPool is an
+upstream bug (strict xfail below).
 
 Environment: ``.ci/sglang_env.sh`` builds a site folder with ``sglang==0.5.23 --no-deps`` and the
 pure-Python packages its import chain needs (msgspec, requests, tqdm, dill, starlette and their
 dependencies); ``TRITON_XPU_ATTN_SGLANG_SITE`` names it (CI sets it). Without it these tests skip.
 
 What is real: the backend class, its metadata code (page-table striding, local-attention virtual
-batches, SWA translation), sglang's ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``SWAKVPool``
-(their ``set_kv_buffer`` writes the new tokens), ``RadixAttention`` layers, ``ForwardBatch``,
-``ForwardMode``.
+batches, SWA translation, spec metadata), sglang's ``MHATokenToKVPool`` / ``MLATokenToKVPool`` /
+``SWAKVPool`` (their ``set_kv_buffer`` writes the new tokens), ``RadixAttention`` layers,
+``ForwardBatch``, ``ForwardMode``, sglang's ``get_parallel().override_permanently``.
 
-Stubs (``sys.modules``), none on the attention path (tests/sglang_harness.py ``STUBS``):
-transformers, huggingface_hub, safetensors, sentencepiece, tvm_ffi (apache-tvm-ffi), torchvision,
-PIL (pillow), pydantic, pydantic_core, openai, partial_json_parser, compressed_tensors, gguf,
-einops, zmq (pyzmq), aiohttp, orjson, pybase64, psutil, IPython; ``regex`` is aliased to the
-stdlib ``re``. Also stubbed: sglang's process-wide runtime config that the server publishes at
-launch (``get_parallel`` / ``get_spec`` / ``get_exec`` / ``get_schedule`` as the backend module
-sees them: one rank, no DCP, not deterministic) and the model runner (a namespace with the fields
-the backend's constructor reads). While sglang's modules import, ``torch.cuda.is_available``
-answers False, so that a CUDA machine takes the XPU target's import chain.
+Stubs (``sys.modules``, only while a test runs), none on the attention path
+(tests/sglang_harness.py ``STUBS``, each with why): transformers, huggingface_hub, safetensors,
+sentencepiece, tvm_ffi (apache-tvm-ffi), torchvision, PIL (pillow), pydantic, pydantic_core,
+openai, partial_json_parser, compressed_tensors, gguf, einops, zmq (pyzmq), aiohttp, orjson,
+pybase64, psutil, IPython, yaml (pyyaml); ``regex`` is aliased to the stdlib ``re``. Also stubbed:
+the three config bags the server publishes at launch as the backend module reads them
+(``get_spec`` / ``get_exec`` / ``get_schedule``: no speculation unless a test sets topk, not
+deterministic, chunked prefix cache on), the model runner (a namespace with the fields the backend's
+constructor reads) and ``spec_info`` (a namespace with ``custom_mask`` / ``num_tokens_per_req``).
+While sglang's modules import, ``torch.cuda.is_available`` answers False, so that a CUDA machine
+takes the XPU target's import chain.
 """
 from __future__ import annotations
 
