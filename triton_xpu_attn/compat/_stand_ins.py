@@ -1,6 +1,7 @@
 """Stand-ins for non-attention kernels that the engines import at module level."""
 from __future__ import annotations
 
+
 def unprovided(package: str, name: str, what: str):
     """A stand-in for a non-attention kernel that an engine imports at module level: the import
     succeeds, a call raises ``NotImplementedError`` naming the kernel and the package that has it."""
