@@ -81,6 +81,31 @@ def test_install_never_shadows_a_real_package_unless_forced(clean_install, tmp_p
     sys.modules.pop("sgl_kernel", None)
 
 
+def test_install_overlay_keeps_a_real_package_and_replaces_its_attention(clean_install, tmp_path, monkeypatch):
+    real = tmp_path / "sgl_kernel"
+    real.mkdir()
+    (real / "__init__.py").write_text("def rmsnorm():\n    return 'real rmsnorm'\n\ndef merge_state_v2():\n    return 'real'\n")
+    (real / "flash_attn.py").write_text("def flash_attn_with_kvcache():\n    return 'real'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    report = compat.install(["sgl_kernel"], overlay=True)
+    assert report["sgl_kernel"].startswith(f"overlaid on {real}")
+    import sgl_kernel
+    import sgl_kernel.flash_attn
+
+    assert sgl_kernel.rmsnorm() == "real rmsnorm"  # the real package's other kernels stay
+    assert sgl_kernel.merge_state_v2 is triton_xpu_attn.merge_state_v2
+    assert sgl_kernel.flash_mla_prefill is triton_xpu_attn.flash_mla_prefill
+    assert sgl_kernel.flash_attn.flash_attn_with_kvcache.__module__ == "triton_xpu_attn.compat.sgl_kernel.flash_attn"
+    assert compat.uninstall() == ["sgl_kernel"]
+    assert sgl_kernel.merge_state_v2() == "real" and sgl_kernel.flash_attn.flash_attn_with_kvcache() == "real"
+    assert not hasattr(sgl_kernel, "flash_mla_prefill")
+    for name in ("sgl_kernel.flash_attn", "sgl_kernel"):
+        sys.modules.pop(name, None)
+    with pytest.raises(ValueError, match="force and overlay"):
+        compat.install(force=True, overlay=True)
+
+
 def test_install_rejects_unknown_names(clean_install):
     with pytest.raises(ValueError, match="names"):
         compat.install(["flash_attn"])

@@ -10,7 +10,9 @@ the engine::
     # {'sgl_kernel': 'installed', 'vllm_xpu_kernels': 'installed'}
 
 ``install`` never shadows a package that is really installed (found on ``sys.path`` or already
-imported) unless ``force=True``; it reports what it did per name. The compat modules only re-export
+imported) unless ``force=True``; ``overlay=True`` keeps the real package (sgl-kernel-xpu /
+vllm-xpu-kernels bring norms, activations, MoE and quantization kernels too) and replaces only its
+attention functions with ours. It reports what it did per name. The compat modules only re-export
 and adapt triton_xpu_attn's ops (argument conventions, return arity); they hold no kernels.
 """
 from __future__ import annotations
@@ -27,7 +29,17 @@ COMPAT_MODULES = {
     "vllm_xpu_kernels": "triton_xpu_attn.compat.vllm_xpu_kernels",
 }
 
-__all__ = ["COMPAT_MODULES", "install", "installed", "uninstall"]
+# attention names that overlay=True puts on a real installed package: module -> names
+OVERLAY_NAMES = {
+    "sgl_kernel": (
+        "flash_mla_decode", "flash_mla_decode_get_workspace_size", "flash_mla_get_workspace_size",
+        "flash_mla_prefill", "flash_mla_prefill_get_workspace_size", "merge_state_v2",
+    ),
+    "sgl_kernel.flash_attn": ("flash_attn_varlen_func", "flash_attn_with_kvcache"),
+    "vllm_xpu_kernels.flash_attn_interface": ("flash_attn_varlen_func",),
+}
+
+__all__ = ["COMPAT_MODULES", "OVERLAY_NAMES", "install", "installed", "uninstall"]
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -95,9 +107,32 @@ def _real_location(name: str) -> str | None:
     return spec.origin or (list(spec.submodule_search_locations or []) or [name])[0]
 
 
-def install(names=None, *, force: bool = False) -> dict[str, str]:
+_OVERLAID: dict[tuple[str, str], object] = {}  # (module, name) -> the real package's attribute
+
+
+def _overlay(name: str) -> str:
+    """Put our attention functions on the real package ``name`` (its other kernels stay)."""
+    done = []
+    for module_name, attrs in OVERLAY_NAMES.items():
+        if module_name.partition(".")[0] != name:
+            continue
+        real_module = importlib.import_module(module_name)
+        ours = importlib.import_module(COMPAT_MODULES[name] + module_name[len(name):])
+        for attr in attrs:
+            _OVERLAID.setdefault((module_name, attr), getattr(real_module, attr, None))
+            setattr(real_module, attr, getattr(ours, attr))
+            done.append(f"{module_name}.{attr}")
+    return ", ".join(done)
+
+
+def install(names=None, *, force: bool = False, overlay: bool = False) -> dict[str, str]:
     """Make ``import sgl_kernel`` / ``import vllm_xpu_kernels`` resolve to triton_xpu_attn's
     compat modules (a finder at the front of ``sys.meta_path``; idempotent).
+
+    Where the real package is installed (sgl-kernel-xpu or vllm-xpu-kernels on an XPU machine,
+    which also carry norms, activations, MoE and quantization kernels), ``overlay=True`` keeps it
+    and replaces only its attention functions (``OVERLAY_NAMES``) with ours. Call it before the
+    engine imports its attention backend: ``from sgl_kernel import ...`` binds names at import.
 
     Parameters
     ----------
@@ -107,13 +142,19 @@ def install(names=None, *, force: bool = False) -> dict[str, str]:
     force : bool
         Shadow a real installed package of that name too (its already-imported modules are
         dropped from ``sys.modules``, so later imports get ours).
+    overlay : bool
+        With a real package installed: keep it, replace its attention functions with ours.
+        Without one: the same as the default (our module serves the name).
 
     Returns
     -------
     dict[str, str]
-        Per name: ``"installed"``, ``"already installed"``, or
-        ``"skipped: real package at <path> (force=True shadows it)"``.
+        Per name: ``"installed"``, ``"already installed"``, ``"overlaid on <path>: <names>"``, or
+        ``"skipped: real package at <path> (force=True shadows it, overlay=True keeps it and
+        replaces its attention functions)"``.
     """
+    if force and overlay:
+        raise ValueError("force and overlay: choose one (force replaces the real package, overlay keeps it)")
     if names is None:
         names = tuple(COMPAT_MODULES)
     elif isinstance(names, str):
@@ -126,8 +167,14 @@ def install(names=None, *, force: bool = False) -> dict[str, str]:
             report[name] = "already installed"
             continue
         real = _real_location(name)
+        if real is not None and overlay:
+            report[name] = f"overlaid on {real}: {_overlay(name)}"
+            continue
         if real is not None and not force:
-            report[name] = f"skipped: real package at {real} (force=True shadows it)"
+            report[name] = (
+                f"skipped: real package at {real} (force=True shadows it, overlay=True keeps it and replaces "
+                "its attention functions)"
+            )
             continue
         if real is not None:  # force: forget the real modules so the next import finds ours
             for module_name in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
@@ -147,13 +194,25 @@ def installed() -> dict[str, str]:
 
 def uninstall(names=None) -> list[str]:
     """Undo :func:`install` for ``names`` (default all): drop the finder entry and the aliased
-    modules from ``sys.modules``. Returns the names removed."""
+    modules from ``sys.modules``, give an overlaid real package its own functions back. Returns
+    the names undone."""
     if names is None:
-        names = tuple(_FINDER.names)
+        names = tuple(_FINDER.names) + tuple({m.partition(".")[0] for m, _ in _OVERLAID} - set(_FINDER.names))
     elif isinstance(names, str):
         names = (names,)
     removed = []
     for name in names:
+        overlaid = [key for key in _OVERLAID if key[0].partition(".")[0] == name]
+        for module_name, attr in overlaid:
+            original = _OVERLAID.pop((module_name, attr))
+            module = sys.modules.get(module_name)
+            if module is not None:
+                if original is None:
+                    delattr(module, attr)
+                else:
+                    setattr(module, attr, original)
+        if overlaid:
+            removed.append(name)
         if _FINDER.names.pop(name, None) is None:
             continue
         for module_name in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
