@@ -260,6 +260,7 @@ def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[obj
 CONFIG_CONSTEXPRS = {
     "paged_attention": _paged_attention_constexprs,
     "mla_decode": _mla_decode_constexprs,
+    "mla_prefill": _mla_decode_constexprs,  # the same kernel in its ragged mode, the same knobs
 }
 
 

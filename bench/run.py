@@ -1,6 +1,6 @@
 """The benchmark suite: run every op's benchmark, then write the device's summary and roofline.
 
-    python -m bench [--quick] [--ops paged_attention,mla_decode,local_attention,swa_spec,varlen_attention]
+    python -m bench [--quick] [--ops paged_attention,mla_decode,mla_prefill,local_attention,swa_spec,varlen_attention]
                     [--peers .peers] [--out bench/results] [--flex] [--vs-heuristic] [--time-budget S]
     python -m bench --plot-only bench/results/<device_key>      # summary.md + roofline.png from CSVs
     python bench/run.py ...                                      # the same
@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:
 OPS = {
     "paged_attention": ("bench_paged_attention", True),
     "mla_decode": ("bench_mla_decode", True),
+    "mla_prefill": ("bench_mla_prefill", False),
     "local_attention": ("bench_local_attention", False),
     "swa_spec": ("bench_swa_spec", False),
     "varlen_attention": ("bench_varlen_attention", False),
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vs-heuristic", action="store_true", help="paged_attention, mla_decode: also time the built-in "
                     "heuristic config per case (tuned_gain column, summarised in summary.md)")
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="paged_attention, mla_decode: start no new case once S seconds have passed since the suite "
+                    help="paged_attention, mla_decode, mla_prefill: start no new case once S seconds have passed since the suite "
                     "began (what ran is written; keep S a minute or two under a hard limit)")
     ap.add_argument("--plot-only", metavar="DIR", help="only write summary.md and roofline.png from the results in DIR")
     args = ap.parse_args(argv)

@@ -104,5 +104,5 @@ def test_suite_quick_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folders = [p.parent for p in tmp_path.glob("*/quick/summary.md")]
     assert len(folders) == 1
-    for op in ("paged_attention", "mla_decode", "local_attention", "swa_spec"):
+    for op in ("paged_attention", "mla_decode", "mla_prefill", "local_attention", "swa_spec"):
         assert (folders[0] / f"{op}.csv").exists() and (folders[0] / f"{op}.json").exists()

@@ -145,6 +145,21 @@ def check_mla_decode(dev, dtype, gen):
     return _max_rel(out, expected), ms
 
 
+def check_mla_prefill(dev, dtype, gen):
+    heads, page_size, r, dr = 16, 16, 512, 64
+    cu = torch.tensor([0, 40, 43], dtype=torch.int32)  # a full prefill and a 3-token chunk over a prefix
+    seq = torch.tensor([40, 150], dtype=torch.int32)
+    n = -(-150 // page_size)
+    cache = torch.randn(2 * n + 1, page_size, r + dr, generator=gen).to(dtype)
+    table = (torch.randperm(2 * n, generator=gen) + 1).view(2, n).to(torch.int32)
+    q = torch.randn(43, heads, r + dr, generator=gen).to(dtype)
+    scale = 192**-0.5
+    out, ms = _timed(lambda: tx.flash_mla_prefill(
+        q[..., :r].to(dev), q[..., r:].to(dev), cache.to(dev), cu.to(dev), seq.to(dev), 40, table.to(dev), None, scale))
+    expected, _ = ref.mla_prefill(q[..., :r], q[..., r:], cache, cu, seq, table, scale)
+    return _max_rel(out, expected), ms
+
+
 CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
     ("merge_state_v2", None, check_merge_state, True),
@@ -153,6 +168,7 @@ CHECKS = [
     ("make_local_attention_virtual_batches", None, check_local_attention, False),
     ("prepare_swa_spec_page_table", None, check_swa_spec, False),
     ("flash_mla_decode", "mla_decode", check_mla_decode, True),
+    ("flash_mla_prefill", "mla_prefill", check_mla_prefill, True),
 ]
 
 

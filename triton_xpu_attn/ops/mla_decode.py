@@ -192,14 +192,19 @@ def _mla_decode_kernel(
     r = tl.arange(0, BLOCK_R)
     dr = tl.arange(0, BLOCK_DR)
     if RAGGED:
-        q_row = (q_start + tok).to(tl.int64)  # row of the ragged q / out
-        qn_off = q_row * stride_qn_t + head * stride_qn_h
-        qp_off = q_row * stride_qp_t + head * stride_qp_h
+        q_tok = q_start + tok  # row of the ragged q / out (the launcher passes stride_qn_b = stride_qp_b = 0)
     else:
-        qn_off = b * stride_qn_b + tok.to(tl.int64) * stride_qn_t + head * stride_qn_h
-        qp_off = b * stride_qp_b + tok.to(tl.int64) * stride_qp_t + head * stride_qp_h
-    q_n = tl.load(q_nope_ptr + qn_off[:, None] + r[None, :], mask=_tile_mask(row_ok, r, R, BLOCK_R), other=0.0)
-    q_p = tl.load(q_pe_ptr + qp_off[:, None] + dr[None, :], mask=_tile_mask(row_ok, dr, DR, BLOCK_DR), other=0.0)
+        q_tok = tok
+    q_n = tl.load(
+        q_nope_ptr + (b * stride_qn_b + q_tok.to(tl.int64) * stride_qn_t + head * stride_qn_h)[:, None] + r[None, :],
+        mask=_tile_mask(row_ok, r, R, BLOCK_R),
+        other=0.0,
+    )
+    q_p = tl.load(
+        q_pe_ptr + (b * stride_qp_b + q_tok.to(tl.int64) * stride_qp_t + head * stride_qp_h)[:, None] + dr[None, :],
+        mask=_tile_mask(row_ok, dr, DR, BLOCK_DR),
+        other=0.0,
+    )
     scale = qk_scale
     out_scale = v_scale
     if HAS_KV_SCALE:
@@ -268,7 +273,7 @@ def _mla_decode_kernel(
     has_key = l_i > 0.0
     o = acc * (out_scale / tl.where(has_key, l_i, 1.0))[:, None]
     if RAGGED:
-        n = q_row
+        n = q_tok.to(tl.int64)
     else:
         n = b * Q_LEN + tok.to(tl.int64)
     o_ptrs = out_ptr + (n * stride_o_n + head * stride_o_h + split * stride_o_s)[:, None] + dv[None, :]

@@ -542,6 +542,24 @@ def _mla_reference(x):
     )[0]
 
 
+def _mla_tiles(max_rows: int) -> list[dict]:
+    """Stage 1 of the MLA kernel (decode and prefill): rows x keys per tile, warps."""
+    return [
+        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
+        for bh in (16, 32, 64)
+        if bh <= max(16, max_rows)
+        for bn in (32, 64)
+        for w in ((4, 8) if bh >= 32 else (4,))
+    ]
+
+
+def _mla_stage2(fields: dict) -> list[dict]:
+    """Stage 2 of the MLA kernel: pipeline depth; gather buckets also without the one-tile-ahead
+    page-id prefetch (the prefetch adds a pipeline stage's worth of shared memory)."""
+    return [dict(num_stages=1), dict(num_stages=3)] + (
+        [dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if fields["kv"] == "gather" else [])
+
+
 TUNING_SPECS["mla_decode"] = TuningSpec(
     buckets=_mla_buckets,
     problems=_mla_problems,
@@ -549,15 +567,75 @@ TUNING_SPECS["mla_decode"] = TuningSpec(
     run=_mla_run,
     reference=_mla_reference,
     tolerance=2e-2,
-    stage1=lambda f, quick: [
-        dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=2)
-        for bh in (16, 32, 64)
-        if bh <= max(16, f["rows"])
-        for bn in (32, 64)
-        for w in ((4, 8) if bh >= 32 else (4,))
-    ],
-    # gather buckets: also the kernel without the one-tile-ahead page-id prefetch (the prefetch
-    # adds a pipeline stage's worth of shared memory)
-    stage2=lambda f, quick: [dict(num_stages=1), dict(num_stages=3)]
-    + ([dict(PREFETCH_PAGES=0), dict(PREFETCH_PAGES=0, num_stages=3)] if f["kv"] == "gather" else []),
+    stage1=lambda f, quick: _mla_tiles(f["rows"]),
+    stage2=lambda f, quick: _mla_stage2(f),
+)
+
+
+# ---- MLA prefill ----
+
+
+def _mla_prefill_buckets(quick: bool) -> list[dict]:
+    heads = [16, 128] if quick else [16, 32, 64, 128]
+    works = [32] if quick else [4, 16, 32]
+    return [dict(h=h, r=512, w=w, kv=kv, dtype="bfloat16") for h in heads for w in works for kv in ("page", "gather")]
+
+
+def _mla_prefill_problems(fields: dict, quick: bool) -> list[dict]:
+    """One causal request filling the bucket's work (64-row tiles per compute unit); the saturated
+    bucket (w = 32) a 4096-token prefill and 4 chunks of 1024 tokens over 4096 keys."""
+    P = 64 if fields["kv"] == "page" else 1
+    if fields["w"] >= 32:
+        return [dict(B=1, q=4096, L=4096, H=fields["h"], P=P)] + ([] if quick else [dict(B=4, q=1024, L=4096, H=fields["h"], P=P)])
+    rows = fields["w"] * _device.compute_units() // 4 * 64
+    q = max(16, rows // fields["h"])
+    return [dict(B=1, q=q, L=q, H=fields["h"], P=P)]
+
+
+def _mla_prefill_make(problem: dict, fields: dict, device):
+    import torch
+
+    B, H, q, L, P = problem["B"], problem["H"], problem["q"], problem["L"], problem["P"]
+    n = -(-L // P)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    table = torch.randperm(B * n + 1, generator=gen)[: B * n].view(B, n).to(torch.int32).to(device)
+    dtype = getattr(torch, fields["dtype"])
+    return dict(q=torch.randn(B * q, H, 576, device=device, dtype=dtype),
+                cache=torch.randn(B * n + 1, P, 576, device=device, dtype=dtype), table=table,
+                cu=torch.arange(B + 1, dtype=torch.int32, device=device) * q,
+                seqlens=torch.full((B,), L, device=device, dtype=torch.int32), q_len=q)
+
+
+def _mla_prefill_run(x):
+    """The whole prefill; returns (a view of) the last 16 queries of request 0, the rows checked."""
+    from ..ops.mla_prefill import flash_mla_prefill
+
+    out = flash_mla_prefill(x["q"][..., :512], x["q"][..., 512:], x["cache"], x["cu"], x["seqlens"], x["q_len"], x["table"],
+                            None, 192**-0.5)
+    n = x["q_len"]
+    return out[n - min(16, n):n]
+
+
+def _mla_prefill_reference(x):
+    """float32 reference of the last 16 queries of request 0 (bottom-right causal: a request of 16
+    queries over the keys they see)."""
+    import torch
+
+    from .. import reference
+
+    n = x["q_len"]
+    sub = x["q"][n - min(16, n):n]
+    return reference.mla_prefill(sub[..., :512], sub[..., 512:], x["cache"], torch.tensor([0, sub.shape[0]]),
+                                 [int(x["seqlens"][0])], x["table"][:1], 192**-0.5, dtype=torch.float32)[0]
+
+
+TUNING_SPECS["mla_prefill"] = TuningSpec(
+    buckets=_mla_prefill_buckets,
+    problems=_mla_prefill_problems,
+    make=_mla_prefill_make,
+    run=_mla_prefill_run,
+    reference=_mla_prefill_reference,
+    tolerance=2e-2,
+    stage1=lambda f, quick: _mla_tiles(64),
+    stage2=lambda f, quick: _mla_stage2(f),
 )
