@@ -396,3 +396,34 @@ def test_config_bucket_family(monkeypatch, max_q, family):
     flash_attn_varlen_func(q, k, k, cu, cu, max_q, max_q, causal=True)
     fallback = {"draft": {"q": "decode"}, "varlen": {"q": "prefill"}}.get(family)
     assert asked == [(family, 256, fallback)]
+
+
+@pytest.mark.gpu
+def test_graph_capture_replays_new_lengths_without_host_sync():
+    """Captured once, replayed after new values and new request boundaries are written into the
+    captured inputs: equal to eager; and no call syncs with the host (CUDA's sync debug mode)."""
+    from test_hardening import _capture, _graph_api
+
+    api = _graph_api()
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(96, 8, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(160, 2, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    v = torch.randn(160, 2, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    cu_q = torch.tensor([0, 40, 96], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 60, 160], dtype=torch.int32, device=DEVICE)
+    call = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 100, causal=True, return_softmax_lse=True)  # noqa: E731
+    graph, (out, lse) = _capture(api, call)
+    for new_q, new_k in (([0, 64, 96], [0, 100, 160]), ([0, 10, 70], [0, 20, 150])):
+        cu_q.copy_(torch.tensor(new_q, dtype=torch.int32))
+        cu_k.copy_(torch.tensor(new_k, dtype=torch.int32))
+        q.copy_(torch.randn(96, 8, 128, generator=gen))
+        graph.replay()
+        api.synchronize()
+        expected, expected_lse = call()
+        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

@@ -73,6 +73,18 @@ def check_paged_attention(dev, dtype, gen):
     return _max_rel(out, expected), ms
 
 
+def check_varlen_attention(dev, dtype, gen):
+    # two prompts of 37 and 80 tokens (causal over their own keys), D = 192 / Dv = 128 as MLA extend
+    cu = torch.tensor([0, 37, 117], dtype=torch.int32)
+    q = torch.randn(117, 8, 192, generator=gen).to(dtype)
+    k = torch.randn(117, 2, 192, generator=gen).to(dtype)
+    v = torch.randn(117, 2, 128, generator=gen).to(dtype)
+    out, ms = _timed(lambda: tx.flash_attn_varlen_func(q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), 80, 80,
+                                                       causal=True))
+    expected, _ = ref.varlen_attention(q, k, v, cu, cu, causal=True)
+    return _max_rel(out, expected), ms
+
+
 def check_merge_state(dev, dtype, gen):
     v_a, v_b = (torch.randn(6, 4, 128, generator=gen).to(dtype) for _ in range(2))
     s_a, s_b = (torch.randn(6, 4, generator=gen) for _ in range(2))
@@ -162,6 +174,7 @@ def check_mla_prefill(dev, dtype, gen):
 
 CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
+    ("flash_attn_varlen_func", "paged_attention", check_varlen_attention, True),
     ("merge_state_v2", None, check_merge_state, True),
     ("normalize_page_table", None, check_normalize_page_table, False),
     ("translate_loc_from_full_to_swa", None, check_translate_loc, False),

@@ -442,6 +442,181 @@ def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int,
         raise ValueError(f"the query heads ({q.shape[-2]}) must be a multiple of the KV heads ({num_kv_heads})")
 
 
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    *,
+    cache_seqlens: torch.Tensor | int,
+    page_table: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    softmax_scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    causal: bool = False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata=None,
+    num_splits: int = 0,
+    pack_gqa=None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    out: torch.Tensor | None = None,
+    validate: bool = False,
+):
+    """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill).
+
+    Drop-in for sgl-kernel-xpu's ``flash_attn_with_kvcache`` (same keyword names). The causal mask
+    and windows are bottom-right aligned: query ``t`` of a request with ``q_len`` queries sits at
+    position ``cache_seqlens[b] - q_len + t``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[total_q, Hq, D]`` ragged queries with ``cu_seqlens_q``, or ``[B, S, Hq, D]`` (S = 1 is
+        decode). fp16, bf16 or fp32; last dim contiguous, other strides free.
+    k_cache, v_cache : torch.Tensor
+        ``[num_pages, page_size, H_kv, D]`` and ``[num_pages, page_size, H_kv, Dv]``, q's dtype or
+        fp8 (``float8_e4m3fn``/``float8_e5m2``, then with ``k_descale``/``v_descale``). Any strides
+        with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
+        or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
+        power of two from 1 to 256. Offsets are 64-bit: caches beyond 2^31 elements work.
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, rotary_seqlens, q_descale
+        Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` (these
+        features are not implemented, and are never silently dropped).
+    cache_seqlens : torch.Tensor or int
+        ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
+    page_table : torch.Tensor
+        ``[B, max_pages]`` int32, **page-granular**: physical page of each logical page.
+        ``cache_seqlens[b] <= max_pages * page_size`` is required (``validate=True`` checks it; the
+        kernel clamps longer lengths to the table rather than read past it).
+    cu_seqlens_q : torch.Tensor, optional
+        ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
+    max_seqlen_q : int, optional
+        Longest query length of the batch (a promise, as in FlashAttention). When given it sizes
+        the grid directly; otherwise requests are found by a binary search on the device.
+    max_seqlen_k, rotary_interleaved, scheduler_metadata, pack_gqa, sm_margin
+        Hints accepted for compatibility and ignored (GQA packing is always on).
+    k_descale, v_descale : float or torch.Tensor, optional
+        Dequantisation factors of an fp8 cache: a scalar or ``[B, H_kv]``. The K factor folds into
+        the softmax scale; the V factor multiplies the output.
+    softmax_scale : float, optional
+        Scale of ``q . k``; default ``D ** -0.5``.
+    sinks : torch.Tensor, optional
+        ``[Hq]`` float logits (natural log, unscaled) that join each row's softmax denominator.
+    causal : bool
+        Bottom-right aligned causal mask.
+    window_size : tuple[int, int]
+        ``(left, right)``, inclusive: a query at position i sees keys ``[i - left, i + right]``;
+        -1 means unbounded. ``(W, 0)`` sees ``W + 1`` keys.
+    softcap : float
+        If > 0, logits become ``softcap * tanh(logits / softcap)`` before masking.
+    num_splits : int
+        KV splits: 0 = automatic (from compute units, batch, heads and the table width), 1 = none,
+        n > 1 = at most n (each request uses fewer when it is short). The automatic count is cut
+        to whole waves of the programs the device runs at once (CUDA: the compiled kernel's occupancy).
+    return_softmax_lse : bool
+        Also return the LSE ``[Hq, total_q]`` fp32 (natural log, sinks included).
+    out : torch.Tensor, optional
+        ``[total_q, Hq, Dv]`` destination in q's dtype (last dim contiguous).
+    validate : bool
+        Check, with a host sync (not for graph capture), that ``cu_seqlens_q`` is non-decreasing
+        within ``q``, every request's queries fit in its KV length, every ``cache_seqlens`` fits in
+        the page-table width, and every page id that will be read lies in ``[0, num_pages)``;
+        raise ``ValueError`` otherwise. Without it a length beyond the table is clamped to the
+        table (the kernel never reads past it) and page ids are trusted.
+
+    Returns
+    -------
+    torch.Tensor or tuple[torch.Tensor, torch.Tensor]
+        ``out [total_q, Hq, Dv]`` in q's dtype (always ragged 3-D), and with
+        ``return_softmax_lse`` also ``lse [Hq, total_q]`` fp32. Rows that see no key (empty
+        requests, padding) give 0 and LSE ``-inf``.
+    """
+    for name, value in (
+        ("k", k), ("v", v), ("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
+    ):
+        if value is not None:
+            raise ValueError(f"{name}: {_UNSUPPORTED[name]}")
+
+    # ---- shapes and dtypes ----
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
+    kv_dtypes = (q.dtype,) + FP8_DTYPES
+    check_tensor("k_cache", k_cache, dtypes=kv_dtypes, ndim=4, last_dim_contiguous=True)
+    check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, last_dim_contiguous=True)
+    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
+    check_page_size(page_size, "page_size (k_cache.shape[1])")
+    if tuple(v_cache.shape[:3]) != (num_pages, page_size, num_kv_heads):
+        raise ValueError(
+            f"v_cache must have shape [{num_pages}, {page_size}, {num_kv_heads}, Dv] like k_cache, got {list(v_cache.shape)}"
+        )
+    head_dim_v = v_cache.shape[3]
+    num_q_heads = q.shape[-2]
+    _check_heads(q, "k_cache", num_kv_heads, head_dim, head_dim_v)
+
+    check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
+    batch = page_table.shape[0]
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
+    if not cache_seqlens.is_contiguous():
+        cache_seqlens = cache_seqlens.contiguous()
+
+    if q.dim() == 4:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q must not be given with a 4-D q [B, S, Hq, D]")
+        if q.shape[0] != batch:
+            raise ValueError(f"q has {q.shape[0]} requests but page_table has {batch} rows")
+        uniform_q_len = q.shape[1]
+        max_q = uniform_q_len
+        q = q.reshape(batch * uniform_q_len, num_q_heads, head_dim)  # a view whenever strides allow
+        mapping = _UNIFORM
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError("cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]")
+        check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1)
+        if cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(
+                f"len(cu_seqlens_q) must be B + 1 = {batch + 1} (B from page_table and cache_seqlens), got {cu_seqlens_q.shape[0]}"
+            )
+        if not cu_seqlens_q.is_contiguous():
+            cu_seqlens_q = cu_seqlens_q.contiguous()
+        uniform_q_len = 0
+        max_q = max_seqlen_q if max_seqlen_q else None
+        mapping = _PER_REQUEST if max_q is not None else _SEARCH
+    total_q = q.shape[0]
+
+    device = check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
+        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
+    )
+    if validate:
+        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
+    return _launch(
+        q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
+        cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
+        uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
+        window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
+        return_softmax_lse=return_softmax_lse, out=out,
+    )
+
+
 def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv_len, mapping, cu_seqlens_q,
             uniform_q_len, max_q, softmax_scale, sinks, causal, window_size, softcap, k_descale, v_descale,
             num_splits, return_softmax_lse, out):
@@ -621,179 +796,3 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         if split_kv:
             combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
     return (out, lse) if return_softmax_lse else out
-
-
-def flash_attn_with_kvcache(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: torch.Tensor | None = None,
-    v: torch.Tensor | None = None,
-    qv: torch.Tensor | None = None,
-    rotary_cos: torch.Tensor | None = None,
-    rotary_sin: torch.Tensor | None = None,
-    *,
-    cache_seqlens: torch.Tensor | int,
-    page_table: torch.Tensor,
-    cache_batch_idx: torch.Tensor | None = None,
-    cache_leftpad: torch.Tensor | None = None,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k_new: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    rotary_seqlens: torch.Tensor | None = None,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    softmax_scale: float | None = None,
-    sinks: torch.Tensor | None = None,
-    causal: bool = False,
-    window_size=(-1, -1),
-    softcap: float = 0.0,
-    rotary_interleaved: bool = True,
-    scheduler_metadata=None,
-    num_splits: int = 0,
-    pack_gqa=None,
-    sm_margin: int = 0,
-    return_softmax_lse: bool = False,
-    out: torch.Tensor | None = None,
-    validate: bool = False,
-):
-    """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill).
-
-    Drop-in for sgl-kernel-xpu's ``flash_attn_with_kvcache`` (same keyword names). The causal mask
-    and windows are bottom-right aligned: query ``t`` of a request with ``q_len`` queries sits at
-    position ``cache_seqlens[b] - q_len + t``.
-
-    Parameters
-    ----------
-    q : torch.Tensor
-        ``[total_q, Hq, D]`` ragged queries with ``cu_seqlens_q``, or ``[B, S, Hq, D]`` (S = 1 is
-        decode). fp16, bf16 or fp32; last dim contiguous, other strides free.
-    k_cache, v_cache : torch.Tensor
-        ``[num_pages, page_size, H_kv, D]`` and ``[num_pages, page_size, H_kv, Dv]``, q's dtype or
-        fp8 (``float8_e4m3fn``/``float8_e5m2``, then with ``k_descale``/``v_descale``). Any strides
-        with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
-        or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
-        power of two from 1 to 256. Offsets are 64-bit: caches beyond 2^31 elements work.
-    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, rotary_seqlens, q_descale
-        Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` (these
-        features are not implemented, and are never silently dropped).
-    cache_seqlens : torch.Tensor or int
-        ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
-    page_table : torch.Tensor
-        ``[B, max_pages]`` int32, **page-granular**: physical page of each logical page.
-        ``cache_seqlens[b] <= max_pages * page_size`` is required (``validate=True`` checks it; the
-        kernel clamps longer lengths to the table rather than read past it).
-    cu_seqlens_q : torch.Tensor, optional
-        ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
-    max_seqlen_q : int, optional
-        Longest query length of the batch (a promise, as in FlashAttention). When given it sizes
-        the grid directly; otherwise requests are found by a binary search on the device.
-    max_seqlen_k, rotary_interleaved, scheduler_metadata, pack_gqa, sm_margin
-        Hints accepted for compatibility and ignored (GQA packing is always on).
-    k_descale, v_descale : float or torch.Tensor, optional
-        Dequantisation factors of an fp8 cache: a scalar or ``[B, H_kv]``. The K factor folds into
-        the softmax scale; the V factor multiplies the output.
-    softmax_scale : float, optional
-        Scale of ``q . k``; default ``D ** -0.5``.
-    sinks : torch.Tensor, optional
-        ``[Hq]`` float logits (natural log, unscaled) that join each row's softmax denominator.
-    causal : bool
-        Bottom-right aligned causal mask.
-    window_size : tuple[int, int]
-        ``(left, right)``, inclusive: a query at position i sees keys ``[i - left, i + right]``;
-        -1 means unbounded. ``(W, 0)`` sees ``W + 1`` keys.
-    softcap : float
-        If > 0, logits become ``softcap * tanh(logits / softcap)`` before masking.
-    num_splits : int
-        KV splits: 0 = automatic (from compute units, batch, heads and the table width), 1 = none,
-        n > 1 = at most n (each request uses fewer when it is short). The automatic count is cut
-        to whole waves of the programs the device runs at once (CUDA: the compiled kernel's occupancy).
-    return_softmax_lse : bool
-        Also return the LSE ``[Hq, total_q]`` fp32 (natural log, sinks included).
-    out : torch.Tensor, optional
-        ``[total_q, Hq, Dv]`` destination in q's dtype (last dim contiguous).
-    validate : bool
-        Check, with a host sync (not for graph capture), that ``cu_seqlens_q`` is non-decreasing
-        within ``q``, every request's queries fit in its KV length, every ``cache_seqlens`` fits in
-        the page-table width, and every page id that will be read lies in ``[0, num_pages)``;
-        raise ``ValueError`` otherwise. Without it a length beyond the table is clamped to the
-        table (the kernel never reads past it) and page ids are trusted.
-
-    Returns
-    -------
-    torch.Tensor or tuple[torch.Tensor, torch.Tensor]
-        ``out [total_q, Hq, Dv]`` in q's dtype (always ragged 3-D), and with
-        ``return_softmax_lse`` also ``lse [Hq, total_q]`` fp32. Rows that see no key (empty
-        requests, padding) give 0 and LSE ``-inf``.
-    """
-    for name, value in (
-        ("k", k), ("v", v), ("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
-    ):
-        if value is not None:
-            raise ValueError(f"{name}: {_UNSUPPORTED[name]}")
-
-    # ---- shapes and dtypes ----
-    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
-    kv_dtypes = (q.dtype,) + FP8_DTYPES
-    check_tensor("k_cache", k_cache, dtypes=kv_dtypes, ndim=4, last_dim_contiguous=True)
-    check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, last_dim_contiguous=True)
-    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
-    check_page_size(page_size, "page_size (k_cache.shape[1])")
-    if tuple(v_cache.shape[:3]) != (num_pages, page_size, num_kv_heads):
-        raise ValueError(
-            f"v_cache must have shape [{num_pages}, {page_size}, {num_kv_heads}, Dv] like k_cache, got {list(v_cache.shape)}"
-        )
-    head_dim_v = v_cache.shape[3]
-    num_q_heads = q.shape[-2]
-    _check_heads(q, "k_cache", num_kv_heads, head_dim, head_dim_v)
-
-    check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
-    batch = page_table.shape[0]
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
-    if not cache_seqlens.is_contiguous():
-        cache_seqlens = cache_seqlens.contiguous()
-
-    if q.dim() == 4:
-        if cu_seqlens_q is not None:
-            raise ValueError("cu_seqlens_q must not be given with a 4-D q [B, S, Hq, D]")
-        if q.shape[0] != batch:
-            raise ValueError(f"q has {q.shape[0]} requests but page_table has {batch} rows")
-        uniform_q_len = q.shape[1]
-        max_q = uniform_q_len
-        q = q.reshape(batch * uniform_q_len, num_q_heads, head_dim)  # a view whenever strides allow
-        mapping = _UNIFORM
-    else:
-        if cu_seqlens_q is None:
-            raise ValueError("cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]")
-        check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1)
-        if cu_seqlens_q.shape[0] != batch + 1:
-            raise ValueError(
-                f"len(cu_seqlens_q) must be B + 1 = {batch + 1} (B from page_table and cache_seqlens), got {cu_seqlens_q.shape[0]}"
-            )
-        if not cu_seqlens_q.is_contiguous():
-            cu_seqlens_q = cu_seqlens_q.contiguous()
-        uniform_q_len = 0
-        max_q = max_seqlen_q if max_seqlen_q else None
-        mapping = _PER_REQUEST if max_q is not None else _SEARCH
-    total_q = q.shape[0]
-
-    device = check_same_device(
-        q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
-        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
-    )
-    if validate:
-        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
-    return _launch(
-        q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
-        cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
-        uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
-        window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
-        return_softmax_lse=return_softmax_lse, out=out,
-    )
-
