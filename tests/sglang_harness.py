@@ -1,0 +1,219 @@
+"""Loads sglang 0.5.23's real ``XPUAttentionBackend`` over triton_xpu_attn (through
+``triton_xpu_attn.compat.install()``) and builds its inputs: a model-runner namespace, sglang's own
+token pools, ``RadixAttention`` layers and ``ForwardBatch``es.
+
+The sglang package comes from a site folder built by ``.ci/sglang_env.sh`` (``sglang==0.5.23
+--no-deps`` plus a few pure-Python dependencies), named by the environment variable
+``TRITON_XPU_ATTN_SGLANG_SITE``. Modules sglang's import chain asks for but the attention path never
+runs are stubbed in ``sys.modules`` (``STUBS`` below: each with why).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import torch
+
+SITE_ENV = "TRITON_XPU_ATTN_SGLANG_SITE"
+
+# Stubbed top-level modules (permissive placeholders: any attribute is a class, a call on a function
+# returns it unchanged, iteration is empty). None of them runs on the attention path.
+STUBS = {
+    "transformers": "model/tokenizer configs and HF patches at import; the tests build the model config themselves",
+    "huggingface_hub": "model downloads",
+    "safetensors": "weight loading",
+    "sentencepiece": "tokenizers",
+    "tvm_ffi": "apache-tvm-ffi, JIT kernels of sglang.kernels for CUDA (compiled runtime)",
+    "torchvision": "multimodal processors; the PyPI wheel drags in a CUDA torch of several GB",
+    "PIL": "pillow, multimodal inputs",
+    "pydantic": "OpenAI-protocol request models of the HTTP server",
+    "pydantic_core": "pydantic's compiled core",
+    "openai": "OpenAI client of the server / function-call parsers",
+    "partial_json_parser": "function-call parsing of the server",
+    "compressed_tensors": "quantized checkpoint formats",
+    "gguf": "GGUF checkpoint loading",
+    "einops": "tensor reshapes in model files",
+    "zmq": "pyzmq, the scheduler/tokenizer IPC of the server",
+    "aiohttp": "HTTP client of the server",
+    "orjson": "JSON of the HTTP server",
+    "pybase64": "base64 of multimodal requests",
+    "psutil": "process/memory probes of the server",
+    "IPython": "notebook display helpers",
+    "yaml": "pyyaml, config files of the PD-multiplexing runner (imported by the graph-runner module that set_kv_buffer consults)",
+}
+# Aliases: the stdlib module stands in for a compiled one with the same API for what is used.
+ALIASES = {"regex": "re"}  # `import regex as re` in parsers; patterns compiled at import are stdlib-compatible
+
+
+class _Empty:
+    """Container protocol of a stub (on its class through the metaclass, and on its instances):
+    empty, writes ignored."""
+
+    def __iter__(self):
+        return iter(())
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __contains__(self, key):
+        return False
+
+    def __len__(self):
+        return 0
+
+
+def _called(make, args, kwargs):
+    """A stub called with one function and nothing else is a decorator: leave the function alone."""
+    if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], _StubMeta):
+        return args[0]
+    return make()
+
+
+class _StubMeta(_Empty, type):
+    def __getattr__(cls, name):
+        if name.startswith("__") and name.endswith("__") and name != "__class_validators__":
+            raise AttributeError(name)
+        return _stub_class(name)
+
+    def __call__(cls, *args, **kwargs):
+        return _called(super().__call__, args, kwargs)
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __or__(cls, other):
+        return cls
+
+    __ror__ = __or__
+
+
+class _Stub(_Empty, metaclass=_StubMeta):
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub_class(name)
+
+    def __call__(self, *args, **kwargs):
+        return _called(_Stub, args, kwargs)
+
+    def __getitem__(self, key):
+        return _Stub()
+
+
+def _stub_class(name):
+    return _StubMeta(name, (_Stub,), {})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = _stub_class(name)
+        setattr(self, name, value)
+        return value
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in STUBS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+        module.__version__ = "0.0.0"
+
+
+@contextlib.contextmanager
+def _sglang_sees_no_cuda():
+    """sglang picks CUDA-only import paths (kernels of sgl_kernel's CUDA build) when it sees a CUDA
+    device; on XPU it sees none. Hide CUDA while its modules import so that a GPU run takes the same
+    import chain as the XPU target and the CPU; our kernels still run on the GPU afterwards."""
+    real = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        yield
+    finally:
+        torch.cuda.is_available = real
+
+
+_BACKEND_MODULE = None
+_FINDER = _StubFinder()
+
+
+@contextlib.contextmanager
+def stubbed():
+    """The stubs answer imports only inside this block (sglang imports some lazily, during a
+    forward): afterwards the finder leaves ``sys.meta_path`` and the stub modules leave
+    ``sys.modules`` (sglang's modules keep their references), so the rest of a pytest session
+    imports exactly as it would without these tests."""
+    sys.meta_path.insert(0, _FINDER)
+    for name, target in ALIASES.items():
+        sys.modules.setdefault(name, importlib.import_module(target))
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(_FINDER)
+        for name in [m for m in sys.modules if m.partition(".")[0] in STUBS or m in ALIASES]:
+            if isinstance(sys.modules[name], _StubModule) or name in ALIASES:
+                del sys.modules[name]
+
+
+def site_dir() -> str | None:
+    site = os.environ.get(SITE_ENV)
+    return site if site and os.path.isdir(os.path.join(site, "sglang")) else None
+
+
+def load_xpu_backend():
+    """Import ``sglang.srt.layers.attention.xpu_backend`` with our compat module as ``sgl_kernel``
+    (call it inside :func:`stubbed`)."""
+    global _BACKEND_MODULE
+    if _BACKEND_MODULE is not None:
+        return _BACKEND_MODULE
+    site = site_dir()
+    if site is None:
+        raise RuntimeError(f"{SITE_ENV} does not name a folder holding sglang (build it with .ci/sglang_env.sh)")
+    import triton_xpu_attn.compat
+
+    if site not in sys.path:
+        sys.path.append(site)
+    report = triton_xpu_attn.compat.install(["sgl_kernel"])
+    assert report["sgl_kernel"] in ("installed", "already installed"), report
+    with _sglang_sees_no_cuda():
+        module = importlib.import_module("sglang.srt.layers.attention.xpu_backend")
+        importlib.import_module("sglang.srt.mem_cache.memory_pool")
+        importlib.import_module("sglang.srt.mem_cache.swa_memory_pool")
+    assert module.flash_attn_with_kvcache.__module__ == "triton_xpu_attn.compat.sgl_kernel.flash_attn"
+    _BACKEND_MODULE = module
+    return module
+
+
+def runtime_config(module, *, topk=None, num_draft_tokens=None):
+    """sglang's process-wide runtime config, which the server publishes at launch: the parallel
+    widths through sglang's own ``get_parallel().override_permanently`` (one rank, no DCP), and the
+    three config bags the backend module reads (``get_spec`` / ``get_exec`` / ``get_schedule``,
+    which need a published ``ServerArgs``) answered as its module globals."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(tp_size=1, attn_dcp_size=1, attn_dcp_rank=0)
+    module.get_spec = lambda: SimpleNamespace(
+        speculative_eagle_topk=topk, speculative_num_draft_tokens=num_draft_tokens
+    )
+    module.get_exec = lambda: SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=False)
+    )
+    module.get_schedule = lambda: SimpleNamespace(disable_chunked_prefix_cache=False)

@@ -1,0 +1,17 @@
+"""Stand-ins for non-attention kernels that the engines import at module level."""
+from __future__ import annotations
+
+
+def unprovided(package: str, name: str, what: str):
+    """A stand-in for a non-attention kernel that an engine imports at module level: the import
+    succeeds, a call raises ``NotImplementedError`` naming the kernel and the package that has it."""
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError(
+            f"{package}.{name} ({what}) is not provided by triton_xpu_attn, which serves attention "
+            f"kernels only; install the real {package.replace('_', '-')} package for it"
+        )
+
+    missing.__name__ = missing.__qualname__ = name
+    missing.missing_op = True
+    return missing

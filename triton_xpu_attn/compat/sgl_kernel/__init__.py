@@ -1,0 +1,86 @@
+"""``sgl_kernel`` as sglang's XPU attention backend imports it (sgl-kernel-xpu's names and
+signatures), served by triton_xpu_attn. Made importable as ``sgl_kernel`` by
+:func:`triton_xpu_attn.compat.install`.
+
+Names (sglang 0.5.23, ``sglang/srt/layers/attention/xpu_backend.py`` and its import chain):
+``flash_mla_decode``, ``flash_mla_decode_get_workspace_size`` (old name
+``flash_mla_get_workspace_size`` kept), ``flash_mla_prefill``,
+``flash_mla_prefill_get_workspace_size``, ``merge_state_v2``, ``store_cache_xpu`` (imported by
+``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
+(``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
+"""
+from __future__ import annotations
+
+import torch
+
+from triton_xpu_attn import (
+    flash_mla_decode,
+    flash_mla_decode_get_workspace_size,
+    flash_mla_get_workspace_size,
+    flash_mla_prefill,
+    flash_mla_prefill_get_workspace_size,
+    merge_state_v2,
+)
+
+from . import flash_attn  # noqa: F401  (sgl_kernel.flash_attn is a submodule, as in sgl-kernel-xpu)
+from .._stand_ins import unprovided
+
+
+def store_cache_xpu(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+) -> None:
+    """Write new tokens' K/V rows into a token pool (sgl-kernel-xpu's ``store_cache_xpu``).
+
+    Parameters
+    ----------
+    k, v : torch.Tensor
+        ``[N, row]`` new rows (``row = H_kv * D``), the caches' dtype.
+    k_cache, v_cache : torch.Tensor
+        ``[slots, row]`` one layer of sglang's token pool.
+    indices : torch.Tensor
+        ``[N]`` int32/int64 slots; ``-1`` means "not this rank's row, skip" (decode context
+        parallelism). Those rows go to slot 0, sglang's reserved padding slot, so no host sync is
+        needed (the call stays graph-capturable).
+    """
+    for name, cache, rows in (("k", k_cache, k), ("v", v_cache, v)):
+        if rows.dim() != 2 or cache.dim() != 2 or rows.shape[1] != cache.shape[1]:
+            raise ValueError(
+                f"{name}: expected [N, row] rows and a [slots, row] cache with one row width, got "
+                f"{list(rows.shape)} and {list(cache.shape)}"
+            )
+        if rows.shape[0] != indices.shape[0]:
+            raise ValueError(f"indices has {indices.shape[0]} entries but {name} has {rows.shape[0]} rows")
+    slots = torch.where(indices >= 0, indices, torch.zeros_like(indices)).to(torch.int64)
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+# Non-attention kernels that sglang's modules import at module level on XPU (layernorm.py,
+# quantization/fp8_kernel.py, moe/.../fused_moe.py, activation): importable, NotImplementedError on call.
+_NON_ATTENTION = {
+    "rmsnorm": "RMS norm",
+    "fused_add_rmsnorm": "RMS norm",
+    "gemma_rmsnorm": "RMS norm",
+    "gemma_fused_add_rmsnorm": "RMS norm",
+    "silu_and_mul": "activation",
+    "silu_and_mul_clamp": "activation",
+    "moe_sum_reduce": "MoE reduction",
+    "sgl_per_tensor_quant_fp8": "fp8 quantization",
+    "sgl_per_token_quant_fp8": "fp8 quantization",
+}
+globals().update({name: unprovided("sgl_kernel", name, what) for name, what in _NON_ATTENTION.items()})
+
+__all__ = [
+    "flash_attn",
+    "flash_mla_decode",
+    "flash_mla_decode_get_workspace_size",
+    "flash_mla_get_workspace_size",
+    "flash_mla_prefill",
+    "flash_mla_prefill_get_workspace_size",
+    "merge_state_v2",
+    "store_cache_xpu",
+]
