@@ -143,6 +143,17 @@ def _pointer_tile(
 
 
 @triton.jit
+def _tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
+    """Cache row of key ``n0`` in the ``[token rows, row]`` view the descriptors read: through the
+    page table (0 when ``n0 >= hi``, a tile that is never loaded), or ``kv_start + n0`` for
+    contiguous K/V (``PAGE_SIZE = 0``)."""
+    if PAGE_SIZE == 0:
+        return kv_start + n0
+    else:
+        return tl.load(pt_row + n0 // PAGE_SIZE, mask=n0 < hi, other=0) * PAGE_SIZE + n0 % PAGE_SIZE
+
+
+@triton.jit
 def _descriptor_tile(
     q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
     k_desc, k_col, v_desc, v_col,
@@ -238,14 +249,16 @@ def _paged_attention_kernel(
             return
 
     # ---- which request and which of its query rows this program owns ----
+    if Q_MAPPING < 2:
+        # the last query tiles of every request first: with a causal mask they see the most keys,
+        # so the cheap early tiles fill the tail of the grid instead of forming a last wave of
+        # heavy ones (one tile per request, as in decode: program b is request b)
+        b = pid_q % batch
+        q_tile = tiles_per_request - 1 - pid_q // batch
     if Q_MAPPING == 0:
-        b = pid_q // tiles_per_request
-        q_tile = pid_q % tiles_per_request
         q_start = b * uniform_q_len
         q_len = uniform_q_len
     elif Q_MAPPING == 1:
-        b = pid_q // tiles_per_request
-        q_tile = pid_q % tiles_per_request
         q_start = tl.load(cu_seqlens_q_ptr + b)
         q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
     else:
@@ -338,17 +351,13 @@ def _paged_attention_kernel(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
-        # each tile's cache row is read from the page table one tile ahead, so the descriptor
-        # loads never wait on the page-table read that addresses them (contiguous K/V: no table)
-        if not CONTIGUOUS_KV:
-            next_row = tl.load(pt_row + desc_lo // PAGE_SIZE, mask=desc_lo < desc_hi, other=0) * PAGE_SIZE + desc_lo % PAGE_SIZE
+        # each tile's cache row is found one tile ahead, so the descriptor loads never wait on
+        # the page-table read that addresses them (H100, 32/8/128 prefill at 64-token pages:
+        # 434 -> 455 TF/s)
+        next_row = _tile_row(pt_row, kv_start, desc_lo, desc_hi, PAGE_SIZE)
         for n0 in range(desc_lo, desc_hi, BLOCK_N):
-            if CONTIGUOUS_KV:
-                row = kv_start + n0
-            else:
-                row = next_row
-                ahead = n0 + BLOCK_N
-                next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
+            row = next_row
+            next_row = _tile_row(pt_row, kv_start, n0 + BLOCK_N, desc_hi, PAGE_SIZE)
             acc, m_i, l_i = _descriptor_tile(
                 q, acc, m_i, l_i, n0, row, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
@@ -488,10 +497,12 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         block_n = 64
     if head_dim > 128:
         block_n = min(block_n, 32)  # [BLOCK_N, D] tiles of K and V must fit the registers
-    # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA) and 3
-    # stages, 1.10-1.14x over pointer loads (H100, 32/8/128 causal prefill: 400 -> 455 TF/s at
-    # B = 1, L = 8k); D = 64 stays on pointers (descriptors 0.95x there). Off on XPU until measured
-    # there (a config file may turn it on: Intel's Triton >= 3.5 lowers them to 2D block IO).
+    # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA), page
+    # rows read one tile ahead, 3 stages: 1.2-1.3x over pointer loads (H100, 32/8/128 causal
+    # prefill, B = 1, L = 8k: 375 -> 460-486 TF/s). D = 64 stays on pointers (descriptors 0.95x
+    # there), and so does contiguous K/V (page_size 0: descriptors 0.90x with 3 stages, level
+    # with 2). Off on XPU until measured there (a config file may turn it on: Intel's Triton >=
+    # 3.5 lowers them to 2D block IO).
     kv_desc = not decode_like and head_dim == 128 and page_size >= block_n and _device.backend() == "cuda"
     # prefill over pages shorter than a key tile (row gathers): 128-row query tiles on 8 warps,
     # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s)
@@ -844,7 +855,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
              q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, 256 if contiguous else page_size),
+        _heuristic_config(decode_like, head_dim, work, page_size),
         device=device,
         fallback=fallback,
     )
