@@ -22,6 +22,7 @@ CONFIGS = [
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=16, num_warps=4, num_stages=1),  # tiled V channels
     dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=1),
     dict(BLOCK_H=16, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=2, PREFETCH_PAGES=0),  # gather w/o prefetch
+    dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=2, kv_desc=True),  # whole-page tiles via descriptors
 ]
 
 

@@ -86,6 +86,38 @@ def _ragged_tile_request(cu_seqlens_q_ptr, tile, batch, num_heads, BLOCK_H: tl.c
 
 
 @triton.jit
+def _mla_tile(q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
+              Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr, RAGGED: tl.constexpr, CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """One key tile: scores over the latent (``kv``) and rope (``k_pe``) channels, the mask of
+    keys past ``hi`` / past each row's causal end, the online-softmax update, ``acc += P @ v``."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    s = tl.dot(q_n, tl.trans(kv), out_dtype=tl.float32, input_precision=DOT_PRECISION)
+    s = tl.dot(q_p, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
+    s = s * scale
+    if RAGGED:
+        if start + BLOCK_N > full_end:
+            # the diagonal tiles and the last partial tile: keys past `hi` were loaded as 0
+            # (never garbage) and get probability 0 here
+            if CAUSAL:
+                s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
+            else:
+                s = tl.where(n_ok[None, :], s, float("-inf"))
+    elif Q_LEN == 1:
+        s = tl.where(n_ok[None, :], s, float("-inf"))  # key_end == seq_len >= hi for every row
+    else:
+        s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _mla_decode_kernel(
     q_nope_ptr,  # [B, S, H, R] (any strides, last dim contiguous)
     q_pe_ptr,  # [B, S, H, Dr]
@@ -98,6 +130,8 @@ def _mla_decode_kernel(
     kv_ptr,  # [num_pages, PAGE_SIZE, R + Dr] (row stride and page stride free, channel stride 1)
     stride_kv_page,
     stride_kv_row,
+    kv_desc,  # tensor descriptors of the cache's [pages * PAGE_SIZE, R + Dr] rows (KV_DESC):
+    pe_desc,  # [BLOCK_N, R] latent blocks and [BLOCK_N, Dr] rope blocks
     seq_lens_ptr,  # [B]
     page_table_ptr,  # [B, max_pages]
     stride_pt_b,
@@ -134,6 +168,7 @@ def _mla_decode_kernel(
     DOT_PRECISION: tl.constexpr,
     RAGGED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    KV_DESC: tl.constexpr = False,
 ):
     NUM_DV: tl.constexpr = BLOCK_R // BLOCK_DV
     pid_m = tl.program_id(0)
@@ -182,6 +217,7 @@ def _mla_decode_kernel(
         else:
             hi = seq_len
             full_end = seq_len // BLOCK_N * BLOCK_N
+            key_end = tok  # unused without the causal mask
     else:
         # keys of this request and of this split (tile aligned; later splits may be empty)
         split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
@@ -189,6 +225,7 @@ def _mla_decode_kernel(
         hi = tl.minimum(lo + split_len, seq_len)
         # query token t sits at position seq_len - Q_LEN + t and sees keys j <= that position
         key_end = seq_len - Q_LEN + 1 + tok
+        full_end = 0  # RAGGED only
 
     r = tl.arange(0, BLOCK_R)
     dr = tl.arange(0, BLOCK_DR)
@@ -224,7 +261,25 @@ def _mla_decode_kernel(
         first = lo + tl.arange(0, BLOCK_N)
         next_pages = tl.load(pt_row + first // PAGE_SIZE, mask=first < hi, other=0)
 
-    for start in range(lo, hi, BLOCK_N):
+    if KV_DESC:
+        # pages of whole key tiles: whole tiles below `hi` through the descriptors (every key of
+        # them is a real key of this request), each tile's page row read one tile ahead; the last,
+        # partial tile through masked pointer loads (the rows past `hi` may hold NaN)
+        desc_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
+        next_row = tl.load(pt_row + lo // PAGE_SIZE, mask=lo < desc_hi, other=0) * PAGE_SIZE + lo % PAGE_SIZE
+        for start in range(lo, desc_hi, BLOCK_N):
+            row = next_row
+            ahead = start + BLOCK_N
+            next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
+            kv = kv_desc.load([row, 0]).to(q_n.dtype)
+            k_pe = pe_desc.load([row, R]).to(q_n.dtype)
+            acc, m_i, l_i = _mla_tile(
+                q_n, q_p, kv, k_pe, kv, acc, m_i, l_i, scale, start, hi, key_end, full_end,
+                Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION)
+        tail = desc_hi
+    else:
+        tail = lo
+    for start in range(tail, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         if PAGE_SIZE >= BLOCK_N:
@@ -243,33 +298,14 @@ def _mla_decode_kernel(
         k_pe = tl.load(kv_ptr + row_off[:, None] + R + dr[None, :], mask=_tile_mask(n_ok, dr, DR, BLOCK_DR), other=0.0)
         kv = kv.to(q_n.dtype)  # fp8 cache: upcast so both dot operands share q's dtype
         k_pe = k_pe.to(q_n.dtype)
-        s = tl.dot(q_n, tl.trans(kv), out_dtype=tl.float32, input_precision=DOT_PRECISION)
-        s = tl.dot(q_p, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
-        s = s * scale
-        if RAGGED:
-            if start + BLOCK_N > full_end:
-                # the diagonal tiles and the last partial tile: keys past `hi` were loaded as 0
-                # (never garbage) and get probability 0 here
-                if CAUSAL:
-                    s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
-                else:
-                    s = tl.where(n_ok[None, :], s, float("-inf"))
-        elif Q_LEN == 1:
-            s = tl.where(n_ok[None, :], s, float("-inf"))  # key_end == seq_len >= hi for every row
-        else:
-            s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         if NUM_DV == 1:
             v = kv  # V = the first R channels of the tile already loaded for K
         else:
             v = tl.load(kv_ptr + row_off[:, None] + dv[None, :], mask=_tile_mask(n_ok, dv, R, BLOCK_R), other=0.0)
             v = v.to(q_n.dtype)
-        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = _mla_tile(
+            q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
+            Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION)
 
     has_key = l_i > 0.0
     o = acc * (out_scale / tl.where(has_key, l_i, 1.0))[:, None]
@@ -299,6 +335,7 @@ def _register_compile_variants():
         Q_LEN=1, R=512, DR=64, PAGE_SIZE=64, BLOCK_H=16, BLOCK_N=32, BLOCK_R=512, BLOCK_DR=64, BLOCK_DV=512,
         HAS_KV_SCALE=False, PREFETCH_PAGES=True, SPLIT=True, WRITE_LSE=True, DOT_PRECISION="tf32",
         RAGGED=False, CAUSAL=True,
+        kv_desc=None, pe_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
     )
     opts = dict(dots=3, op="mla_decode", num_warps=8, num_stages=2, grf_mode=_device.xpu_large_grf_mode())
     register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16,split", deepseek, **opts)
@@ -472,9 +509,12 @@ def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int)
         block_h = 16 if rows <= 16 else (32 if rows <= 32 else 64)
         return dict(BLOCK_H=block_h, BLOCK_N=16, BLOCK_DV=0, num_warps=4 if block_h < 64 else 8, num_stages=1)
     # measured on H200 (bf16, R=512, tuner and sweeps): 64-row tiles with 64-key tiles for 64+
-    # rows (B=64, H=128: ~250 TFLOP/s), 16-row tiles for H=16; 32-key tiles once the batch is large
+    # rows (B=64, H=128: ~250 TFLOP/s), 16-row tiles for H=16; 32-key tiles once the batch is large.
+    # 64+ rows read whole-page tiles through tensor descriptors (kv_desc; H100, P = 64: 1.07-1.12x
+    # at H = 64/128; 0.55-0.86x at H <= 32, whose 16/32-row tiles stay on pointer loads:
+    # bench/results/NVIDIA_H100_80GB_HBM3/experiments/mla_desc.txt)
     if rows >= 64:
-        return dict(BLOCK_H=64, BLOCK_N=64, BLOCK_DV=0, num_warps=8, num_stages=2)
+        return dict(BLOCK_H=64, BLOCK_N=64, BLOCK_DV=0, num_warps=8, num_stages=2, kv_desc=backend == "cuda")
     if rows <= 16:
         return dict(BLOCK_H=16, BLOCK_N=32 if work >= 16 else 64, BLOCK_DV=0, num_warps=4, num_stages=2)
     return dict(BLOCK_H=32, BLOCK_N=64, BLOCK_DV=0, num_warps=4, num_stages=2)
@@ -550,6 +590,27 @@ def as_kv_scale(kv_scale, device):
     if isinstance(kv_scale, bool) or not isinstance(kv_scale, (int, float)):
         raise TypeError(f"kv_scale must be a float or a tensor, got {type(kv_scale).__name__}")
     return float(kv_scale), None
+
+
+def latent_descriptors(cache: torch.Tensor, R: int, config: dict, block_n: int, block_dv: int, device):
+    """``(kv_desc, pe_desc)``: tensor descriptors of the latent cache seen as ``[pages * P, R + Dr]``
+    rows, loading ``[BLOCK_N, R]`` latent and ``[BLOCK_N, Dr]`` rope blocks (TMA on Hopper), or
+    ``(None, None)`` where the config does not ask for them (``kv_desc``), the device or Triton
+    lacks them, or the layout does not allow them: a key tile must lie in one page, pages must
+    follow each other at ``P`` row strides, R and Dr powers of two with all R channels in one
+    program (``BLOCK_DV = R``), strides 16-byte aligned, fewer than 2^31 rows."""
+    num_pages, page_size = cache.shape[:2]
+    width = cache.shape[-1]
+    dr = width - R
+    stride_page, stride_row = cache.stride(0), cache.stride(1)
+    rows = num_pages * page_size
+    if (not config.get("kv_desc") or page_size < block_n or block_dv != R or R != next_power_of_2(R)
+            or dr != next_power_of_2(dr) or stride_page != page_size * stride_row or rows >= 2**31
+            or (stride_row * cache.element_size()) % 16 or cache.data_ptr() % 16
+            or not _device.tensor_descriptors(device)):
+        return None, None
+    view = [rows, width], [stride_row, 1]
+    return (_device.tensor_descriptor(cache, *view, [block_n, R]), _device.tensor_descriptor(cache, *view, [block_n, dr]))
 
 
 def flash_mla_decode(
@@ -715,10 +776,12 @@ def flash_mla_decode(
         qp_strides = (qp_s[0], 0, qp_s[1])
     else:
         qn_strides, qp_strides = qn_s[:3], qp_s[:3]
+    latent_descs = latent_descriptors(cache, R, config, block_n, block_dv, device)
     with device_guard(device):
         _mla_decode_kernel[grid](
             q_nope, q_pe, *qn_strides, *qp_strides,
             cache, cache.stride(0), cache.stride(1),
+            *latent_descs,
             seq_lens, page_table, page_table.stride(0), max_pages,
             scale_tensor if scale_tensor is not None else seq_lens,
             target, *o_strides,
@@ -734,6 +797,7 @@ def flash_mla_decode(
             WRITE_LSE=splits > 1 or lse is not None,
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=False, CAUSAL=True,
+            KV_DESC=latent_descs[0] is not None,
             **tune.launch_options(config),
         )
         if splits > 1:

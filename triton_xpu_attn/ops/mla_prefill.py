@@ -58,6 +58,7 @@ from .mla_decode import (
     _check_int,
     _mla_decode_kernel,
     as_kv_scale,
+    latent_descriptors,
     check_latent_cache,
     check_sm_scale,
     split_queries,
@@ -277,10 +278,12 @@ def flash_mla_prefill(
     grid = (num_tiles * num_dv, 1, 1)
 
     qn_s, qp_s = q_nope.stride(), q_pe.stride()
+    latent_descs = latent_descriptors(cache, R, config, block_n, block_dv, device)
     with device_guard(device):
         _mla_decode_kernel[grid](
             q_nope, q_pe, 0, qn_s[0], qn_s[1], 0, qp_s[0], qp_s[1],
             cache, cache.stride(0), cache.stride(1),
+            *latent_descs,
             seq_lens_k, page_table, page_table.stride(0), page_table.shape[1],
             scale_tensor if scale_tensor is not None else seq_lens_k,
             out, out.stride(0), out.stride(1), 0,
@@ -296,6 +299,7 @@ def flash_mla_prefill(
             WRITE_LSE=lse is not None,
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=True, CAUSAL=causal,
+            KV_DESC=latent_descs[0] is not None,
             **tune.launch_options(config),
         )
     if out is not dest:
