@@ -153,6 +153,26 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def paged_rows_descriptors(cache: torch.Tensor, page_size: int, row_width: int, blocks, device) -> list | None:
+    """Host tensor descriptors of a paged cache seen as ``[pages * page_size, row_width]`` rows (a
+    contiguous ``[rows, ...]`` tensor: ``page_size = 0``), one per block shape of ``blocks``, or
+    None where they cannot be used: the device or Triton lacks them, pages do not follow each
+    other at ``page_size`` row strides, the row stride or the base is not 16-byte aligned, or the
+    rows reach 2^31 (descriptor coordinates are 32-bit). Kernels load whole key tiles of one page
+    through them (TMA on Hopper, 2D block IO on Intel GPUs)."""
+    if not _device.tensor_descriptors(device):
+        return None
+    if page_size:
+        rows, stride_row = cache.shape[0] * page_size, cache.stride(1)
+        if cache.stride(0) != page_size * stride_row:
+            return None
+    else:
+        rows, stride_row = cache.shape[0], cache.stride(0)
+    if rows >= 2**31 or (stride_row * cache.element_size()) % 16 or cache.data_ptr() % 16:
+        return None
+    return [_device.tensor_descriptor(cache, [rows, row_width], [stride_row, 1], list(block)) for block in blocks]
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 

@@ -48,6 +48,7 @@ from .._common import (
     device_guard,
     interpreter_float32,
     next_power_of_2,
+    paged_rows_descriptors,
     register_xpu_compile,
     validate_lengths_and_pages,
 )
@@ -594,23 +595,17 @@ def as_kv_scale(kv_scale, device):
 
 def latent_descriptors(cache: torch.Tensor, R: int, config: dict, block_n: int, block_dv: int, device):
     """``(kv_desc, pe_desc)``: tensor descriptors of the latent cache seen as ``[pages * P, R + Dr]``
-    rows, loading ``[BLOCK_N, R]`` latent and ``[BLOCK_N, Dr]`` rope blocks (TMA on Hopper), or
-    ``(None, None)`` where the config does not ask for them (``kv_desc``), the device or Triton
-    lacks them, or the layout does not allow them: a key tile must lie in one page, pages must
-    follow each other at ``P`` row strides, R and Dr powers of two with all R channels in one
-    program (``BLOCK_DV = R``), strides 16-byte aligned, fewer than 2^31 rows."""
-    num_pages, page_size = cache.shape[:2]
-    width = cache.shape[-1]
+    rows, loading ``[BLOCK_N, R]`` latent and ``[BLOCK_N, Dr]`` rope blocks, or ``(None, None)``
+    where the config does not ask for them (``kv_desc``) or they cannot be used
+    (``paged_rows_descriptors``; a key tile must lie in one page, R and Dr must be powers of two
+    and all R channels in one program: ``BLOCK_DV = R``)."""
+    page_size, width = cache.shape[1], cache.shape[-1]
     dr = width - R
-    stride_page, stride_row = cache.stride(0), cache.stride(1)
-    rows = num_pages * page_size
     if (not config.get("kv_desc") or page_size < block_n or block_dv != R or R != next_power_of_2(R)
-            or dr != next_power_of_2(dr) or stride_page != page_size * stride_row or rows >= 2**31
-            or (stride_row * cache.element_size()) % 16 or cache.data_ptr() % 16
-            or not _device.tensor_descriptors(device)):
+            or dr != next_power_of_2(dr)):
         return None, None
-    view = [rows, width], [stride_row, 1]
-    return (_device.tensor_descriptor(cache, *view, [block_n, R]), _device.tensor_descriptor(cache, *view, [block_n, dr]))
+    found = paged_rows_descriptors(cache, page_size, width, [(block_n, R), (block_n, dr)], device)
+    return tuple(found) if found is not None else (None, None)
 
 
 def flash_mla_decode(

@@ -35,6 +35,7 @@ from .._common import (
     dtype_names,
     interpreter_float32,
     next_power_of_2,
+    paged_rows_descriptors,
     register_xpu_compile,
     validate_lengths_and_pages,
     whole_wave_splits,
@@ -526,28 +527,20 @@ def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: di
     """(K, V) host tensor descriptors of the caches seen as ``[token rows, row]`` (paged: pages
     of ``page_size`` rows flattened; ``page_size = 0``: contiguous ``[total_k, H_kv, D]``) with
     ``[BLOCK_N, D]`` / ``[BLOCK_N, Dv]`` blocks, or None where the config does not ask for them
-    (``kv_desc``), the device or Triton lacks them, or the layout does not allow them: a key tile
-    must lie in one page (``page_size >= BLOCK_N``), pages must follow each other at
-    ``page_size`` token strides, the head dims must be powers of two (the block is the whole head),
-    strides 16-byte aligned and rows fewer than 2^31 (descriptor coordinates are 32-bit)."""
-    if not config.get("kv_desc") or 0 < page_size < config["BLOCK_N"] or not _device.tensor_descriptors(device):
+    (``kv_desc``) or they cannot be used (``paged_rows_descriptors``; a key tile must lie in one
+    page, and the head dims must be powers of two: the block is the whole head)."""
+    if not config.get("kv_desc") or 0 < page_size < config["BLOCK_N"]:
         return None
     descriptors = []
     for cache in (k, v):
-        if page_size:
-            num_pages, _, num_kv_heads, dim = cache.shape
-            stride_page, stride_tok, stride_head, _ = cache.stride()
-            rows = num_pages * page_size
-            if stride_page != page_size * stride_tok:
-                return None
-        else:
-            rows, num_kv_heads, dim = cache.shape
-            stride_tok, stride_head, _ = cache.stride()
-        item = cache.element_size()
-        if dim != next_power_of_2(dim) or rows >= 2**31 or (stride_tok * item) % 16 or cache.data_ptr() % 16:
+        num_kv_heads, dim = cache.shape[-2:]
+        if dim != next_power_of_2(dim):
             return None
-        row_width = (num_kv_heads - 1) * stride_head + dim
-        descriptors.append(_device.tensor_descriptor(cache, [rows, row_width], [stride_tok, 1], [config["BLOCK_N"], dim]))
+        row_width = (num_kv_heads - 1) * cache.stride(-2) + dim
+        found = paged_rows_descriptors(cache, page_size, row_width, [(config["BLOCK_N"], dim)], device)
+        if found is None:
+            return None
+        descriptors += found
     return tuple(descriptors)
 
 
