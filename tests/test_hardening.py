@@ -22,6 +22,7 @@ from helpers import DEVICE, INTERPRET, assert_close
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import (
+    flash_attn_varlen_func,
     flash_attn_with_kvcache,
     flash_mla_decode,
     flash_mla_get_workspace_size,
@@ -243,6 +244,30 @@ def case_mla_prefill(device, seed):
     return Case(t, public, custom)
 
 
+def case_varlen_attention(device, seed):
+    """Non-paged ragged prefill: causal, sinks, a request without queries, a padding row of q, a key
+    row no request owns, 2 splits, LSE."""
+    g = _gen(seed + 200)
+    q_lens, k_lens = (2, 0, 3), (4, 3, 5)
+    total_q, total_k = sum(q_lens) + 1, sum(k_lens) + 1
+    t = dict(
+        q=torch.randn(total_q, 4, 64, generator=g), k=torch.randn(total_k, 2, 64, generator=g),
+        v=torch.randn(total_k, 2, 64, generator=g), cu_seqlens_q=_cu(q_lens), cu_seqlens_k=_cu(k_lens) + 1,
+        sinks=torch.randn(4, generator=g),
+    )
+    t = _to(t, device, dict(q=ATTN_DTYPE, k=ATTN_DTYPE, v=ATTN_DTYPE))
+
+    def public(t):
+        return flash_attn_varlen_func(t["q"], t["k"], t["v"], t["cu_seqlens_q"], t["cu_seqlens_k"], 3, 5,
+                                      sinks=t["sinks"], causal=True, num_splits=2, return_softmax_lse=True)
+
+    def custom(t):
+        return C.flash_attn_varlen_func, (t["q"], t["k"], t["v"], t["cu_seqlens_q"], t["cu_seqlens_k"], 3, 5), dict(
+            sinks=t["sinks"], causal=True, num_splits=2, return_softmax_lse=True)
+
+    return Case(t, public, custom)
+
+
 def _merge_inputs(seed, n=4, h=2, d=32):
     g = _gen(seed)
     s_a, s_b = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
@@ -428,6 +453,7 @@ CASES = {
     "flash_mla_decode": case_mla_decode,
     "flash_mla_decode[mtp]": case_mla_decode_mtp,
     "flash_mla_prefill": case_mla_prefill,
+    "flash_attn_varlen_func": case_varlen_attention,
     "merge_state_v2": case_merge_state,
     "merge_state_v2[out]": case_merge_state_out,
     "normalize_page_table": case_normalize_page_table,
@@ -473,6 +499,9 @@ def _reference(name, t):
     if name == "flash_mla_decode":
         out, lse = ref.mla_decode(t["q_nope"], t["q_pe"], t["cache"], t["seq_lens"], t["page_table"], 0.125)
         return out, lse
+    if name == "flash_attn_varlen_func":
+        return ref.varlen_attention(t["q"], t["k"], t["v"], t["cu_seqlens_q"], t["cu_seqlens_k"], causal=True,
+                                    sinks=t["sinks"])
     if name == "flash_mla_prefill":
         return ref.mla_prefill(t["q_nope"], t["q_pe"], t["cache"], t["cu_seqlens_q"], t["seq_lens"], t["page_table"], 0.125)
     if name == "flash_mla_decode[mtp]":
@@ -711,6 +740,28 @@ def _mla_args(**change):
     return args
 
 
+def _varlen_args(**change):
+    """A valid flash_attn_varlen_func call (D = 64, 2 KV heads, 4 query heads, 2 requests)."""
+    args = dict(
+        q=torch.zeros(3, 4, 64), k=torch.zeros(5, 2, 64), v=torch.zeros(5, 2, 64),
+        cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32), cu_seqlens_k=torch.tensor([0, 2, 5], dtype=torch.int32),
+        max_seqlen_q=2, max_seqlen_k=3,
+    )
+    args.update(change)
+    return args
+
+
+def _mla_prefill_args(**change):
+    """A valid flash_mla_prefill call (R + Dr = 32 + 16, page size 4, 2 requests over 5 query rows)."""
+    args = dict(
+        q_nope=torch.zeros(5, 3, 32), q_pe=torch.zeros(5, 3, 16), kv_c_and_k_pe_cache=torch.zeros(4, 4, 48),
+        cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32), seq_lens_k=torch.tensor([3, 5], dtype=torch.int32),
+        max_seqlen_q=3, page_table=torch.zeros(2, 2, dtype=torch.int32), workspace=None, sm_scale=0.1,
+    )
+    args.update(change)
+    return args
+
+
 def _local_args(**change):
     args = dict(
         attn_chunk_size=4, query_start_loc=torch.tensor([0, 4, 14, 19], dtype=torch.int32),
@@ -756,6 +807,7 @@ def _call(fn, args):
 
 _PA, _MLA, _LOCAL, _SWA, _MERGE = (flash_attn_with_kvcache, flash_mla_decode, make_local_attention_virtual_batches,
                                    prepare_swa_spec_page_table, merge_state_v2)
+_VARLEN, _MLA_PREFILL = flash_attn_varlen_func, flash_mla_prefill
 _META = torch.device("meta")  # a second device that exists everywhere (two GPUs: test_ops_reject_inputs_on_two_devices)
 _DEV = torch.empty(0, device=DEVICE).device  # with its index (cuda:0), as error messages print it
 
@@ -774,7 +826,10 @@ BAD_INPUT = [
     ("dtype", "`seq_lens` float32", _MLA, _mla_args(seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype in (int32, int64), got float32"),
     ("dtype", "`v_b` fp16, `v_a` fp32", _MERGE, _merge_args(v_b=torch.zeros(3, 2, 16, dtype=torch.float16)), TypeError,
      "v_b must have dtype in (float32), got float16"),
+    ("dtype", "`cu_seqlens_q` int64", _VARLEN, _varlen_args(cu_seqlens_q=torch.tensor([0, 1, 3])), TypeError,
+     "cu_seqlens_q must have dtype in (int32), got int64: convert it with cu_seqlens_q.to(torch.int32)"),
     ("not a tensor", "`q` a list", _PA, _paged_args(q=[[0.0]]), TypeError, "q must be a torch.Tensor, got list"),
+    ("not a bool", "`causal=1`", _MLA_PREFILL, _mla_prefill_args(causal=1), TypeError, "causal must be a bool, got int"),
     ("device mismatch", "`k_cache` on another device than `q`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 2, 64, device=_META)), ValueError,
      "k_cache is on meta but q is on {dev}: all inputs must be on one device"),
     ("device mismatch", "`seq_lens` on another device than `q_nope`", _MLA, _mla_args(seq_lens=torch.zeros(2, dtype=torch.int32, device=_META)), ValueError,
@@ -791,6 +846,10 @@ BAD_INPUT = [
     ("shape", "cache rows of 56 channels for R + Dr = 48", _MLA, _mla_args(kv_c_and_k_pe_cache=torch.zeros(4, 4, 56)), ValueError,
      "kv_c_and_k_pe_cache rows hold 56 channels but q_nope/q_pe give R + Dr = 32 + 16 = 48"),
     ("shape", "`s_a` `[2, 3]` for `v_a` `[3, 2, 16]`", _MERGE, _merge_args(s_a=torch.zeros(2, 3)), ValueError, "s_a must have shape [3, 2], got [2, 3]"),
+    ("shape", "`v` with 4 rows for 5 rows of `k`", _VARLEN, _varlen_args(v=torch.zeros(4, 2, 64)), ValueError,
+     "v must have shape [5, 2, Dv] like k, got [4, 2, 64]"),
+    ("shape", "`page_table` with 3 rows for 2 requests", _MLA_PREFILL, _mla_prefill_args(page_table=torch.zeros(3, 2, dtype=torch.int32)),
+     ValueError, "page_table must have 2 rows (one per request), got shape [3, 2]"),
     ("last-dim stride", "`q.stride(-1) != 1`", _PA, _paged_args(q=torch.zeros(3, 64, 4).transpose(1, 2)), ValueError,
      "q must be contiguous in its last dimension (stride(-1) == 1), got stride (256, 1, 4)"),
     ("last-dim stride", "`k_cache.stride(-1) != 1`", _PA, _paged_args(k_cache=torch.zeros(6, 4, 64, 2).transpose(2, 3)), ValueError,
@@ -832,6 +891,24 @@ BAD_INPUT = [
     ("page id outside the pool (validate=True)", "page id 4 in a pool of 4 pages, `validate=True`", _MLA,
      _mla_args(page_table=torch.tensor([[0, 0], [1, 4]], dtype=torch.int32), validate=True), ValueError,
      "page_table holds page id 4 outside the pool [0, 4)"),
+    ("length beyond the table (validate=True)", "`seq_lens_k[1] = 9` over 2 pages of 4, `validate=True`", _MLA_PREFILL,
+     _mla_prefill_args(seq_lens_k=_i32([3, 9]), validate=True), ValueError,
+     "seq_lens_k[1] = 9 exceeds the page table: 2 pages x page_size 4"),
+    ("page id outside the pool (validate=True)", "page id 7 in a pool of 4 pages, `validate=True`", _MLA_PREFILL,
+     _mla_prefill_args(page_table=_i32([[0, 1], [2, 7]]), validate=True), ValueError,
+     "page_table holds page id 7 outside the pool [0, 4)"),
+    ("offsets (validate=True)", "`cu_seqlens_q=[0, 3, 2]`, `validate=True`", _MLA_PREFILL,
+     _mla_prefill_args(cu_seqlens_q=_i32([0, 3, 2]), validate=True), ValueError, "cu_seqlens_q must be non-decreasing"),
+    ("offsets (validate=True)", "`cu_seqlens_q[-1] = 6` over 5 rows of `q_nope`, `validate=True`", _MLA_PREFILL,
+     _mla_prefill_args(cu_seqlens_q=_i32([0, 2, 6]), validate=True), ValueError, "cu_seqlens_q[-1] = 6 exceeds q_nope.shape[0] = 5"),
+    ("offsets (validate=True)", "`cu_seqlens_k=[0, 2, 6]` over 5 rows of `k`, `validate=True`", _VARLEN,
+     _varlen_args(cu_seqlens_k=_i32([0, 2, 6]), validate=True), ValueError,
+     "cu_seqlens_k must be non-decreasing from >= 0 up to at most 5 (the rows of k), got [0, 2, 6]"),
+    ("offsets (validate=True)", "`max_seqlen_q=1` below a request of 2 queries, `validate=True`", _VARLEN,
+     _varlen_args(max_seqlen_q=1, validate=True), ValueError, "max_seqlen_q = 1 but request 1 has 2 queries"),
+    ("offsets (validate=True)", "`seqused_k[1] = 4` beyond its slice of 3 keys, `validate=True`", _VARLEN,
+     _varlen_args(seqused_k=_i32([1, 4]), validate=True), ValueError,
+     "seqused_k[1] = 4 lies outside [0, 3] (request 1's slice of cu_seqlens_k)"),
     ("page id outside the pool (validate=True)", "table entry 22 with `num_pages=20`, `validate=True`", _LOCAL, _local_args(validate=True, num_pages=20), ValueError,
      "block_table entry 22 (virtual batch 6, column 0) is outside the page pool [0, 20)"),
     ("page id outside the pool (validate=True)", "slot 8 with `swa_pool_size=8`, `validate=True`", _SWA, _swa_args(validate=True, swa_pool_size=8), ValueError,
@@ -850,6 +927,11 @@ BAD_INPUT = [
      "the batch needs 8 virtual batches, more than max_virtual_batches = 5"),
     ("unsupported feature", "`k=` given", _PA, _paged_args(k=torch.zeros(3, 2, 64)), ValueError,
      "k: appending new keys inside the call is not supported: write k/v into the cache first"),
+    ("unsupported feature", "`seqused_q=` given", _VARLEN, _varlen_args(seqused_q=_i32([1, 2])), ValueError,
+     "seqused_q: seqused_q is not supported: pass cu_seqlens_q of the queries in use (padding rows past "
+     "cu_seqlens_q[-1] get 0 and LSE -inf)"),
+    ("unsupported feature", "`num_kv_splits=2`", _MLA_PREFILL, _mla_prefill_args(num_kv_splits=2), ValueError,
+     "num_kv_splits=2: flash_mla_prefill does not split the keys (its query tiles fill the device); pass -1, 0 or 1"),
     ("missing argument", "3-D `q` without `cu_seqlens_q`", _PA, _paged_args(cu_seqlens_q=None), ValueError,
      "cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]"),
 ]
@@ -879,6 +961,12 @@ def test_readme_bad_input_table_matches_the_tests():
     assert "## Bad input" in readme
     missing = [readme_row(row) for row in BAD_INPUT if readme_row(row) not in readme]
     assert not missing, "README.md's Bad input table lacks:\n" + "\n".join(missing)
+    # and every row of that table is a test's row (no claim without a test)
+    section = readme[readme.index("\n## Bad input\n"):]
+    section = section[: section.find("\n## ", 1)]
+    table = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| class |")]
+    untested = sorted(set(table) - {readme_row(row) for row in BAD_INPUT})
+    assert not untested, "README.md's Bad input table has rows no test checks:\n" + "\n".join(untested)
 
 
 def test_custom_ops_raise_the_same_errors():

@@ -1,6 +1,7 @@
 """bf16 inputs give right answers under the Triton interpreter too (issue 19, item 5).
 
-The interpreter computes bf16 arithmetic wrongly upstream (values around 1e9); the launchers run
+The interpreter computes bf16 arithmetic wrongly upstream (values around 1e9); the launchers of
+paged attention, varlen attention, MLA decode and prefill and the merge run
 bf16 in fp32 there (``_common.interpreter_float32``) and hand back bf16, into the caller's
 ``out=`` / ``v_merged=`` where given. On a compiled backend these are the ordinary bf16 runs.
 """
@@ -9,7 +10,12 @@ import torch
 
 from helpers import DEVICE, assert_close, poison
 from test_mla_decode import SHAPES, _make_case, _run_and_check
+from test_mla_prefill import SHAPES as PREFILL_SHAPES
+from test_mla_prefill import _make_case as _make_prefill_case
+from test_mla_prefill import _run_and_check as _run_prefill_and_check
 from test_paged_attention import check_lse, run_problem
+from test_varlen_attention import _problem as _varlen_problem
+from test_varlen_attention import run_problem as run_varlen_problem
 from triton_xpu_attn import merge_state_v2
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn._common import interpreter_float32
@@ -37,6 +43,23 @@ def test_mla_decode_bf16(splits, q_len):
     R, Dr = SHAPES[0]
     case = _make_case(torch.Generator().manual_seed(q_len), 2, q_len, 4, R, Dr, 8, 30, BF16, None, True, False)
     got = _run_and_check(*case, BF16, splits, sm_scale=(R + Dr) ** -0.5)
+    assert got[0].dtype == BF16
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_varlen_attention_bf16(num_splits):
+    pb = _varlen_problem(dtype=BF16, sinks=num_splits == 3, num_splits=num_splits, seed=num_splits)
+    got, lse, out_ref, lse_ref = run_varlen_problem(pb)  # out= is a poisoned bf16 tensor
+    assert got.dtype == BF16
+    assert_close(got, out_ref, BF16)
+    check_lse(lse, lse_ref, BF16)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mla_prefill_bf16(causal):
+    R, Dr = PREFILL_SHAPES[0]
+    case = _make_prefill_case(torch.Generator().manual_seed(int(causal)), [3, 2], [5, 2], 4, R, Dr, 4, BF16)
+    got = _run_prefill_and_check(case, BF16, (R + Dr) ** -0.5, causal=causal)
     assert got[0].dtype == BF16
 
 
