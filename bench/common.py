@@ -233,9 +233,104 @@ def load_sglang(peers: str | None):
     return loader.load(root)
 
 
+#: a peer whose output is further than this (relative error) from the check is WRONG: not timed, in no speedup
+BAD_ERR = 0.05
+#: FlashInfer's float workspace per wrapper (its own recommendation, as ../shared/peers uses)
+FLASHINFER_WORKSPACE_BYTES = 128 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def load_flashinfer(peers: str | None):
+    """FlashInfer from the bundle ``DIR/flashinfer``, set up by ``DIR/flashinfer_peer.py``'s
+    ``setup`` (modules prebuilt for sm_90a; see ../shared/peers/README.md). Returns the
+    ``flashinfer`` module, or None with the reason printed: no ``peers``, no CUDA device, no bundle,
+    or a setup that fails."""
+    if not peers:
+        return None
+    if _device.backend() != "cuda":
+        print("FlashInfer skipped: it needs a CUDA device", flush=True)
+        return None
+    peers = os.path.abspath(peers)
+    script, bundle = os.path.join(peers, "flashinfer_peer.py"), os.path.join(peers, "flashinfer")
+    if not os.path.isfile(script) or not os.path.isdir(bundle):
+        print(f"FlashInfer skipped: {peers} holds no flashinfer_peer.py and flashinfer/ bundle", flush=True)
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location("flashinfer_peer", script)
+        loader = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loader)
+        t0 = time.perf_counter()
+        fi = loader.setup(bundle)
+    except Exception as exc:  # noqa: BLE001  (a broken bundle: run without the peer, say why)
+        print(f"FlashInfer skipped: setup failed: {exc!r}"[:300], flush=True)
+        return None
+    print(f"FlashInfer {fi.__version__} set up from {bundle} in {time.perf_counter() - t0:.1f}s", flush=True)
+    return fi
+
+
+def flashinfer_workspace(device):
+    return torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def page_list(page_table, seq_lens, page: int):
+    """A dense page table as FlashInfer's page list (CSR): ``indptr [B + 1]`` and ``indices``, the
+    pages each request uses (``ceil(seq_len / page)`` of its row), both int32."""
+    used = (seq_lens.long() + page - 1) // page
+    indptr = torch.zeros(page_table.shape[0] + 1, dtype=torch.int32, device=page_table.device)
+    indptr[1:] = torch.cumsum(used, 0)
+    columns = torch.arange(page_table.shape[1], device=page_table.device)
+    indices = page_table[columns[None, :] < used[:, None]].to(torch.int32).contiguous()
+    return indptr, indices
+
+
+def time_variants(prefix: str, builders: dict, check, row: dict) -> None:
+    """Time a peer's variants and keep the fastest correct one, into ``row``.
+
+    ``builders``: label -> make; ``make()`` does the peer's planning (outside the timing) and
+    returns ``f``, ``f()`` -> output. Each variant is run once and checked (``check(out)`` -> relative
+    error; above :data:`BAD_ERR` it is WRONG and not timed), then timed eager and replayed from a CUDA
+    graph. Writes ``<prefix>_<label>_err`` / ``_us`` (the time that counts: graph replay, else eager)
+    or ``_note`` per variant, and for the fastest correct one ``<prefix>_variant``, ``_err``,
+    ``_eager_us``, ``_us``; ``<prefix>_note`` says why none counts when none does."""
+    best = None
+    for label, make in builders.items():
+        try:
+            f = make()
+            err = check(f())
+            row[f"{prefix}_{label}_err"] = err
+            if not err <= BAD_ERR:
+                row[f"{prefix}_{label}_note"] = f"WRONG: rel err {err:.2e} > {BAD_ERR}"
+                continue
+            eager, replay = bench_both(f)
+        except Exception as exc:  # noqa: BLE001  (a module not prebuilt, a shape it refuses: keep going)
+            row[f"{prefix}_{label}_note"] = f"failed: {exc!r}"[:200]
+            continue
+        t = replay if finite(replay) else eager
+        row[f"{prefix}_{label}_us"] = t
+        if best is None or t < best[3]:
+            best = (label, err, eager, t, replay)
+    if best is None:
+        row[f"{prefix}_note"] = "; ".join(f"{k}: {row[f'{prefix}_{k}_note']}" for k in builders
+                                          if f"{prefix}_{k}_note" in row)[:300]
+        return
+    label, err, eager, t, replay = best
+    row.update({f"{prefix}_variant": label + ("" if finite(replay) else " eager"), f"{prefix}_err": err,
+                f"{prefix}_eager_us": eager, f"{prefix}_us": t})
+
+
 # ------------------------------------------------------------------------------------------
 # numbers
 # ------------------------------------------------------------------------------------------
+
+
+def speedup_line(rows: list[dict], key: str, name: str, target: str = "") -> str | None:
+    """``name: geometric mean Gx, min Mx over N cases (target)`` over the finite ``key`` column of
+    ``rows``; None when no row has one."""
+    ratios = [r[key] for r in rows if finite(r.get(key))]
+    if not ratios:
+        return None
+    return (f"{name}: geometric mean {geomean(ratios):.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"
+            + (f" ({target})" if target else ""))
 
 
 def rel_err(out, ref) -> float:

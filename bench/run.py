@@ -12,8 +12,9 @@ Then ``summary.md`` (one table: per op, % of the copy roofline, TFLOP/s, speedup
 tuned-vs-heuristic gain from the device's config file) and ``roofline.png`` are written from every
 op's files in that folder, so a suite split over several calls with ``--ops`` ends with a complete
 summary. Without matplotlib the picture is skipped; ``--plot-only`` draws it later (it needs neither
-torch nor Triton). ``--peers DIR`` (sglang's Triton kernels, see ../shared/peers/README.md) goes to
-the benchmarks that compare with sglang (paged_attention, mla_decode). Under the CPU interpreter
+torch nor Triton). ``--peers DIR`` (sglang's Triton kernels and the FlashInfer bundle, see ../shared/peers/README.md)
+goes to the benchmarks that compare with them (paged_attention and mla_decode: sglang;
+mla_prefill and varlen_attention: FlashInfer). Under the CPU interpreter
 (no GPU) every benchmark runs a tiny smoke case; the times mean nothing there.
 """
 from __future__ import annotations
@@ -34,10 +35,10 @@ if str(REPO) not in sys.path:
 OPS = {
     "paged_attention": ("bench_paged_attention", True),
     "mla_decode": ("bench_mla_decode", True),
-    "mla_prefill": ("bench_mla_prefill", False),
+    "mla_prefill": ("bench_mla_prefill", True),
     "local_attention": ("bench_local_attention", False),
     "swa_spec": ("bench_swa_spec", False),
-    "varlen_attention": ("bench_varlen_attention", False),
+    "varlen_attention": ("bench_varlen_attention", True),
 }
 
 
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--quick", action="store_true", help="each benchmark's short grid (results in <device_key>/quick/)")
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)} (default: all)")
-    ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and the sglang wheel (unpacked/)")
+    ap.add_argument("--peers", default=None, help="folder with sgl_loader.py and the sglang wheel (unpacked/), "
+                    "flashinfer_peer.py and the FlashInfer bundle (flashinfer/)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="results folder (default bench/results)")
     ap.add_argument("--flex", action="store_true", help="paged_attention: also time FlexAttention (slow: compiles per shape)")
     ap.add_argument("--vs-heuristic", action="store_true", help="paged_attention, mla_decode: also time the built-in "

@@ -106,3 +106,32 @@ def test_suite_quick_smoke(tmp_path):
     assert len(folders) == 1
     for op in ("paged_attention", "mla_decode", "mla_prefill", "local_attention", "swa_spec"):
         assert (folders[0] / f"{op}.csv").exists() and (folders[0] / f"{op}.json").exists()
+
+
+def test_page_list_and_peer_variants():
+    """The FlashInfer glue the prefill benchmarks share (bench/common.py): the page list of a dense
+    page table, and the choice among a peer's variants (a WRONG one and a failing one never count)."""
+    import torch
+
+    from bench import common
+
+    table = torch.tensor([[7, 2, 9, 0], [4, 1, 3, 5], [8, 6, 0, 0]], dtype=torch.int32)
+    indptr, indices = common.page_list(table, torch.tensor([33, 64, 1], dtype=torch.int32), 16)
+    assert indptr.tolist() == [0, 3, 7, 8] and indices.tolist() == [7, 2, 9, 4, 1, 3, 5, 8]
+    assert indptr.dtype == indices.dtype == torch.int32
+
+    ref = torch.ones(4)
+
+    def refuses():
+        raise RuntimeError("no prebuilt module")
+
+    row = {}
+    common.time_variants("peer", {"wrong": lambda: (lambda: ref * 2), "ok": lambda: (lambda: ref + 1e-3),
+                                  "broken": refuses}, lambda out: common.rel_err(out, ref), row)
+    assert row["peer_variant"].split()[0] == "ok" and row["peer_err"] < 1e-2 and common.finite(row["peer_us"])
+    assert row["peer_wrong_note"].startswith("WRONG") and "peer_wrong_us" not in row
+    assert "no prebuilt module" in row["peer_broken_note"] and "peer_note" not in row
+    none = {}
+    common.time_variants("peer", {"wrong": lambda: (lambda: -ref)}, lambda out: common.rel_err(out, ref), none)
+    assert "peer_variant" not in none and "WRONG" in none["peer_note"]
+    assert common.speedup_line([dict(s=2.0), dict(s=0.5), dict()], "s", "x") == "x: geometric mean 1.00x, min 0.50x over 2 cases"
