@@ -8,7 +8,6 @@ medians of CUDA-graph replays, TFLOP/s as bench_mla_decode counts them.
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
@@ -19,20 +18,12 @@ import torch  # noqa: E402
 
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench.common import graph_ms, rel_err  # noqa: E402
+from bench.experiments.sweeps import load_old_op  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 
 
-def load_old(path):
-    name = "triton_xpu_attn.ops._mla_decode_old"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(old_path):
-    old = load_old(old_path)
+    old = load_old_op(old_path, "mla_decode")
     grid = [(64, 128, 4096, 64), (132, 128, 4096, 64), (64, 128, 1024, 64), (16, 128, 1024, 64), (64, 64, 4096, 64),
             (64, 32, 4096, 64), (64, 16, 4096, 64), (128, 16, 1024, 64), (1, 16, 4096, 64), (64, 128, 4096, 1)]
     print(torch.cuda.get_device_name(), torch.__version__)

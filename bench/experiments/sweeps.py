@@ -315,10 +315,10 @@ def read_ceiling():
         del x, half, other
 
 
-def load_old_paged(path):
-    """An old copy of ops/paged_attention.py imported as a module of the package, so its relative
-    imports resolve (to today's device, tune, _common and merge_state)."""
-    name = "triton_xpu_attn.ops._paged_attention_old"
+def load_old_op(path, op="paged_attention"):
+    """An old copy of ops/<op>.py imported as a module of the package, so its relative imports
+    resolve (to today's device, tune, _common and merge_state)."""
+    name = f"triton_xpu_attn.ops._{op}_old"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -332,7 +332,7 @@ def ab_paged(old_path, budget_s="240"):
     smallest KV first: a run cut short by ``budget_s`` seconds drops the largest, bandwidth-bound
     cases) after a few q_len-4 draft cases. Per case: both captured in a graph, replays timed old,
     new, old, new (the faster of each kept); prints new/old, the min, the geomean, the count below 0.98."""
-    old = load_old_paged(old_path).flash_attn_with_kvcache
+    old = load_old_op(old_path).flash_attn_with_kvcache
     drafts = [(8, 1, 128, 64, 8192, 16, 4), (32, 8, 128, 16, 8192, 64, 4), (64, 8, 128, 64, 8192, 16, 4),
               (32, 8, 64, 16, 32768, 1, 4), (8, 1, 128, 1, 32768, 64, 4)]
     grid = [(Hq, Hkv, D, B, L, P, 1) for Hq, Hkv, D in bench_paged.GRID_SHAPES for B in bench_paged.GRID_B
