@@ -15,6 +15,13 @@ program owns
 The split count is chosen on the host from shapes only (page-table width, batch, heads, compute
 units) and refined per request on the device from its real length, so no launch syncs with the
 host and the whole call can be captured in a CUDA/XPU graph.
+
+Key tiles load through pointers (``_pointer_tile``: any page size, gathers for pages shorter than
+a tile) or, where the config asks for it (``kv_desc``) and Triton has them (>= 3.4; triton-xpu 3.3
+compiles the pointer path), through tensor descriptors (``_descriptor_tile``: whole rows of one
+page; TMA on Hopper). Both share the score/softmax/PV steps. A slot no query may see (left of a
+window, past a request's length, in another request's page) is never loaded: descriptor loads read
+whole rows, so the tiles that can hold such slots stay on masked pointer loads.
 """
 from __future__ import annotations
 
