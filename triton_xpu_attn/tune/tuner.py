@@ -300,17 +300,32 @@ TUNING_SPECS["paged_attention"] = TuningSpec(
     run=_pa_run,
     reference=_pa_reference,
     tolerance=2e-2,
-    stage1=lambda f, quick: [
+    stage1=lambda f, quick: _pa_prefill_tiles(f) if f["q"] in ("prefill", "varlen") else [
         dict(BLOCK_N=bn, num_warps=w, num_stages=st)
         for bn in (32, 64, 128)
         for w in ((2, 4, 8) if not quick else (2, 4))
         for st in ((2, 3) if not quick else (2,))
         if not (f["d"] > 128 and bn > 64)
     ],
-    stage2=lambda f, quick: [
+    stage2=lambda f, quick: [{}] if f["q"] in ("prefill", "varlen") else [
         dict(min_split_tokens=m, waves=w) for m in (128, 256, 512) for w in ((1, 2, 4) if not quick else (2, 4))
     ],
 )
+
+
+def _pa_prefill_tiles(fields: dict) -> list[dict]:
+    """Prefill candidates: query-tile rows, key tiles, warps, stages and tensor-descriptor K/V
+    (the knobs that moved causal prefill on the H100: bench/results/NVIDIA_H100_80GB_HBM3/
+    experiments/prefill_tiles.txt, prefill_desc.txt); no splits (query tiles fill the device)."""
+    return [
+        dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, kv_desc=desc)
+        for bm in (64, 128)
+        for bn in (32, 64)
+        for w in (4, 8)
+        for st in (2, 3)
+        for desc in (False, True)
+        if not (fields["d"] > 128 and bn > 32)
+    ]
 
 
 
