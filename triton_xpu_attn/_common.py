@@ -9,7 +9,9 @@ from typing import Any, Iterable
 
 import torch
 
-from . import device as _device
+from . import device as _device  # first: selects the interpreter before triton is imported
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 #: page sizes every op accepts: powers of two from 1 to 256.
 SUPPORTED_PAGE_SIZES = tuple(2**i for i in range(9))
@@ -171,6 +173,17 @@ def paged_rows_descriptors(cache: torch.Tensor, page_size: int, row_width: int, 
     if rows >= 2**31 or (stride_row * cache.element_size()) % 16 or cache.data_ptr() % 16:
         return None
     return [_device.tensor_descriptor(cache, [rows, row_width], [stride_row, 1], list(block)) for block in blocks]
+
+
+@triton.jit
+def tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
+    """Kernel helper: cache row of key ``n0`` in the ``[token rows, row]`` view that
+    ``paged_rows_descriptors`` gives: through the page table row ``pt_row`` (0 when ``n0 >= hi``,
+    a tile that is never loaded), or ``kv_start + n0`` for contiguous K/V (``PAGE_SIZE = 0``)."""
+    if PAGE_SIZE == 0:
+        return kv_start + n0
+    else:
+        return tl.load(pt_row + n0 // PAGE_SIZE, mask=n0 < hi, other=0) * PAGE_SIZE + n0 % PAGE_SIZE
 
 
 def next_power_of_2(n: int) -> int:

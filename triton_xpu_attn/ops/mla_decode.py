@@ -49,6 +49,7 @@ from .._common import (
     interpreter_float32,
     next_power_of_2,
     paged_rows_descriptors,
+    tile_row,
     register_xpu_compile,
     validate_lengths_and_pages,
 )
@@ -267,11 +268,10 @@ def _mla_decode_kernel(
         # them is a real key of this request), each tile's page row read one tile ahead; the last,
         # partial tile through masked pointer loads (the rows past `hi` may hold NaN)
         desc_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
-        next_row = tl.load(pt_row + lo // PAGE_SIZE, mask=lo < desc_hi, other=0) * PAGE_SIZE + lo % PAGE_SIZE
+        next_row = tile_row(pt_row, 0, lo, desc_hi, PAGE_SIZE)
         for start in range(lo, desc_hi, BLOCK_N):
             row = next_row
-            ahead = start + BLOCK_N
-            next_row = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < desc_hi, other=0) * PAGE_SIZE + ahead % PAGE_SIZE
+            next_row = tile_row(pt_row, 0, start + BLOCK_N, desc_hi, PAGE_SIZE)
             kv = kv_desc.load([row, 0]).to(q_n.dtype)
             k_pe = pe_desc.load([row, R]).to(q_n.dtype)
             acc, m_i, l_i = _mla_tile(

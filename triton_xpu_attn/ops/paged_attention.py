@@ -43,6 +43,7 @@ from .._common import (
     interpreter_float32,
     next_power_of_2,
     paged_rows_descriptors,
+    tile_row,
     register_xpu_compile,
     validate_lengths_and_pages,
     whole_wave_splits,
@@ -148,17 +149,6 @@ def _pointer_tile(
         other=0.0,
     )
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
-
-
-@triton.jit
-def _tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
-    """Cache row of key ``n0`` in the ``[token rows, row]`` view the descriptors read: through the
-    page table (0 when ``n0 >= hi``, a tile that is never loaded), or ``kv_start + n0`` for
-    contiguous K/V (``PAGE_SIZE = 0``)."""
-    if PAGE_SIZE == 0:
-        return kv_start + n0
-    else:
-        return tl.load(pt_row + n0 // PAGE_SIZE, mask=n0 < hi, other=0) * PAGE_SIZE + n0 % PAGE_SIZE
 
 
 @triton.jit
@@ -362,10 +352,10 @@ def _paged_attention_kernel(
         # each tile's cache row is found one tile ahead, so the descriptor loads never wait on
         # the page-table read that addresses them (H100, 32/8/128 prefill at 64-token pages:
         # 434 -> 455 TF/s)
-        next_row = _tile_row(pt_row, kv_start, desc_lo, desc_hi, PAGE_SIZE)
+        next_row = tile_row(pt_row, kv_start, desc_lo, desc_hi, PAGE_SIZE)
         for n0 in range(desc_lo, desc_hi, BLOCK_N):
             row = next_row
-            next_row = _tile_row(pt_row, kv_start, n0 + BLOCK_N, desc_hi, PAGE_SIZE)
+            next_row = tile_row(pt_row, kv_start, n0 + BLOCK_N, desc_hi, PAGE_SIZE)
             acc, m_i, l_i = _descriptor_tile(
                 q, acc, m_i, l_i, n0, row, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
