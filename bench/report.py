@@ -16,7 +16,7 @@ import statistics
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 #: the order ops appear in the summary and the legend
-OP_ORDER = ("paged_attention", "mla_decode", "mla_prefill", "local_attention", "swa_spec")
+OP_ORDER = ("paged_attention", "prefill", "varlen_attention", "mla_decode", "mla_prefill", "local_attention", "swa_spec")
 CONFIG_DIR_ENV = "TRITON_XPU_ATTN_CONFIG_DIR"  # as triton_xpu_attn.tune
 
 

@@ -1,6 +1,6 @@
 """The benchmark suite: run every op's benchmark, then write the device's summary and roofline.
 
-    python -m bench [--quick] [--ops paged_attention,mla_decode,mla_prefill,local_attention,swa_spec,varlen_attention]
+    python -m bench [--quick] [--ops paged_attention,mla_decode,mla_prefill,local_attention,swa_spec,varlen_attention,prefill]
                     [--peers .peers] [--out bench/results] [--flex] [--vs-heuristic] [--time-budget S]
     python -m bench --plot-only bench/results/<device_key>      # summary.md + roofline.png from CSVs
     python bench/run.py ...                                      # the same
@@ -14,7 +14,7 @@ op's files in that folder, so a suite split over several calls with ``--ops`` en
 summary. Without matplotlib the picture is skipped; ``--plot-only`` draws it later (it needs neither
 torch nor Triton). ``--peers DIR`` (sglang's Triton kernels and the FlashInfer bundle, see ../shared/peers/README.md)
 goes to the benchmarks that compare with them (paged_attention and mla_decode: sglang;
-mla_prefill and varlen_attention: FlashInfer). Under the CPU interpreter
+mla_prefill, varlen_attention and prefill: FlashInfer). Under the CPU interpreter
 (no GPU) every benchmark runs a tiny smoke case; the times mean nothing there.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ OPS = {
     "local_attention": ("bench_local_attention", False),
     "swa_spec": ("bench_swa_spec", False),
     "varlen_attention": ("bench_varlen_attention", True),
+    "prefill": ("bench_prefill", True),
 }
 
 
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vs-heuristic", action="store_true", help="paged_attention, mla_decode: also time the built-in "
                     "heuristic config per case (tuned_gain column, summarised in summary.md)")
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="paged_attention, mla_decode, mla_prefill: start no new case once S seconds have passed since the suite "
+                    help="paged_attention, mla_decode, mla_prefill, prefill: start no new case once S seconds have passed since the suite "
                     "began (what ran is written; keep S a minute or two under a hard limit)")
     ap.add_argument("--plot-only", metavar="DIR", help="only write summary.md and roofline.png from the results in DIR")
     args = ap.parse_args(argv)

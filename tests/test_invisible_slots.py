@@ -41,7 +41,7 @@ def test_paged_attention_never_reads_a_slot_no_query_sees(pb, fill):
 
 
 @settings(max_examples=max(40, settings().max_examples))
-@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32]), fill=st.sampled_from(FILLS), kv_desc=st.booleans())
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), fill=st.sampled_from(FILLS), kv_desc=st.booleans())
 def test_short_key_tiles_and_splits_never_read_a_slot_no_query_sees(pb, block_n, fill, kv_desc):
     """16/32-key tiles: several tiles per split, split boundaries inside windows, tiles that skip
     the element mask beside tiles that need it; with ``kv_desc`` the tiles of whole pages load

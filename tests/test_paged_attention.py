@@ -164,7 +164,7 @@ def short_tile_problems(draw):
 
 
 @settings(max_examples=max(60, settings().max_examples))  # cheap examples; each mask boundary needs its own draw
-@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32]), kv_desc=st.booleans())
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), kv_desc=st.booleans())
 def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n, kv_desc):
     """Key tiles that every query row of a program sees whole skip the element mask; 16- and
     32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none). With

@@ -18,8 +18,9 @@ host and the whole call can be captured in a CUDA/XPU graph.
 
 Key tiles load through pointers (``_pointer_tile``: any page size, gathers for pages shorter than
 a tile) or, where the config asks for it (``kv_desc``) and Triton has them (>= 3.4; triton-xpu 3.3
-compiles the pointer path), through tensor descriptors (``_descriptor_tile``: whole rows of one
-page; TMA on Hopper). Both share the score/softmax/PV steps. A slot no query may see (left of a
+compiles the pointer path), through tensor descriptors (``_descriptor_tiles``: a tile of one
+page, or of two whole pages with one load each; TMA on Hopper). All share the score/softmax/PV
+steps. A slot no query may see (left of a
 window, past a request's length, in another request's page) is never loaded: descriptor loads read
 whole rows, so the tiles that can hold such slots stay on masked pointer loads.
 """
@@ -101,9 +102,13 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
-def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr):
-    """``acc * alpha + P @ V`` in fp32 (P in V's operand dtype: both dot operands one dtype)."""
-    return tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=tl.float32, input_precision=DOT_PRECISION)
+def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr, RESCALE: tl.constexpr = True):
+    """``acc * alpha + P @ V`` in fp32 (P in V's operand dtype: both dot operands one dtype);
+    ``acc + P @ V`` without ``RESCALE``."""
+    p = p.to(v.dtype)
+    if RESCALE:
+        acc = acc * alpha[:, None]
+    return tl.dot(p, v, acc, out_dtype=tl.float32, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -167,6 +172,75 @@ def _descriptor_tile(
     p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
     v = v_desc.load([row, v_col])
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
+
+
+@triton.jit
+def _two_pages_tile(
+    q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
+    k_desc, k_col, v_desc, v_col,
+    PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One key tile of two whole pages (``BLOCK_N = 2 * PAGE_SIZE``; cache rows ``row0``, ``row1``)
+    through one tensor-descriptor load per page: a score dot per page, one softmax update for
+    the tile, P @ V page by page into the accumulator. The caller gives it only tiles whose every
+    key some row may see (as ``_descriptor_tile``)."""
+    offs = tl.arange(0, PAGE_SIZE)
+    s0 = _tile_scores(q, tl.trans(k_desc.load([row0, k_col])), n0 + offs, offs >= 0, row_lo, row_hi, masked,
+                      qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+    s1 = _tile_scores(q, tl.trans(k_desc.load([row1, k_col])), n0 + PAGE_SIZE + offs, offs >= 0, row_lo, row_hi,
+                      masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+    m_new = tl.maximum(m_i, tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp2(m_i - m_safe)
+    p0 = tl.exp2(s0 - m_safe[:, None])
+    p1 = tl.exp2(s1 - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p0, axis=1) + tl.sum(p1, axis=1)
+    acc = _accumulate(acc, alpha, p0, v_desc.load([row0, v_col]).to(q.dtype), DOT_PRECISION)
+    p1 = p1.to(q.dtype)
+    acc = _accumulate(acc, alpha, p1, v_desc.load([row1, v_col]).to(q.dtype), DOT_PRECISION, False)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _descriptor_tiles(
+    q, acc, m_i, l_i, lo, hi, mask_lo, mask_hi, row_lo, row_hi, qk_scale, softcap, pt_row, kv_start,
+    k_desc, k_col, v_desc, v_col,
+    MASK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The key tiles ``[lo, hi)`` (whole tiles, every key some row may see) through tensor
+    descriptors: one load per tile (contiguous K/V, pages of whole tiles) or per page (two pages a
+    tile). Each tile's cache rows are read one tile ahead, so the loads never wait on the page
+    table (H100, 32/8/128 prefill at 64-token pages: 434 -> 455 TF/s). The per-element mask:
+    ``MASK`` = 0 never, 1 always (compile-time: loops of their own), 2 on the tiles outside
+    ``[mask_lo, mask_hi)`` (a branch in the loop body)."""
+    if PAGE_SIZE == 0 or PAGE_SIZE >= BLOCK_N:
+        next_row = tile_row(pt_row, kv_start, lo, hi, PAGE_SIZE)
+        for n0 in range(lo, hi, BLOCK_N):
+            row = next_row
+            next_row = tile_row(pt_row, kv_start, n0 + BLOCK_N, hi, PAGE_SIZE)
+            masked = MASK == 1
+            if MASK == 2:
+                masked = (n0 < mask_lo) | (n0 >= mask_hi)
+            acc, m_i, l_i = _descriptor_tile(
+                q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
+                k_desc, k_col, v_desc, v_col, BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
+    else:
+        HALF: tl.constexpr = BLOCK_N // 2
+        next_row0 = tile_row(pt_row, kv_start, lo, hi, PAGE_SIZE)
+        next_row1 = tile_row(pt_row, kv_start, lo + HALF, hi, PAGE_SIZE)
+        for n0 in range(lo, hi, BLOCK_N):
+            row0 = next_row0
+            row1 = next_row1
+            next_row0 = tile_row(pt_row, kv_start, n0 + BLOCK_N, hi, PAGE_SIZE)
+            next_row1 = tile_row(pt_row, kv_start, n0 + BLOCK_N + HALF, hi, PAGE_SIZE)
+            masked = MASK == 1
+            if MASK == 2:
+                masked = (n0 < mask_lo) | (n0 >= mask_hi)
+            acc, m_i, l_i = _two_pages_tile(
+                q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
+                k_desc, k_col, v_desc, v_col, HALF, HAS_SOFTCAP, DOT_PRECISION)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -349,17 +423,27 @@ def _paged_attention_kernel(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
-        # each tile's cache row is found one tile ahead, so the descriptor loads never wait on
-        # the page-table read that addresses them (H100, 32/8/128 prefill at 64-token pages:
-        # 434 -> 455 TF/s)
-        next_row = tile_row(pt_row, kv_start, desc_lo, desc_hi, PAGE_SIZE)
-        for n0 in range(desc_lo, desc_hi, BLOCK_N):
-            row = next_row
-            next_row = tile_row(pt_row, kv_start, n0 + BLOCK_N, desc_hi, PAGE_SIZE)
-            acc, m_i, l_i = _descriptor_tile(
-                q, acc, m_i, l_i, n0, row, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
-                k_desc, kv_head * stride_k_head, v_desc, kv_head * stride_v_head,
-                BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
+        k_col = kv_head * stride_k_head
+        v_col = kv_head * stride_v_head
+        if CONTIGUOUS_KV:
+            # the tiles every row sees whole in a loop of their own, no mask and no branch in its
+            # body (H100, varlen 32/8/128, L = 4k-8k: 1.14-1.25x; the paged path ran 0.93-0.98x
+            # this way, so it keeps one loop: experiments/prefill_pages.txt)
+            whole_lo = tl.minimum(tl.maximum(mid_lo, desc_lo), desc_hi)
+            whole_hi = tl.minimum(tl.maximum(mid_hi, whole_lo), desc_hi)
+            acc, m_i, l_i = _descriptor_tiles(
+                q, acc, m_i, l_i, desc_lo, whole_lo, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
+                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+            acc, m_i, l_i = _descriptor_tiles(
+                q, acc, m_i, l_i, whole_lo, whole_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
+                kv_start, k_desc, k_col, v_desc, v_col, 0, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+            acc, m_i, l_i = _descriptor_tiles(
+                q, acc, m_i, l_i, whole_hi, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
+                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+        else:
+            acc, m_i, l_i = _descriptor_tiles(
+                q, acc, m_i, l_i, desc_lo, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
+                kv_start, k_desc, k_col, v_desc, v_col, 2, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _pointer_tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
@@ -484,7 +568,7 @@ _UNSUPPORTED = {
 }
 
 
-def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int) -> dict:
+def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
     batch wants long tiles over many splits, a full one shorter tiles; prefill on the H100,
     bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_tiles.txt and prefill_desc.txt)."""
@@ -498,18 +582,29 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA), page
     # rows read one tile ahead, 3 stages: 1.2-1.3x over pointer loads (H100, 32/8/128 causal
     # prefill, B = 1, L = 8k: 375 -> 460-486 TF/s). D = 64 stays on pointers (descriptors 0.95x
-    # there), and so does contiguous K/V (page_size 0: descriptors 0.90x with 3 stages, level
-    # with 2). Off on XPU until measured there (a config file may turn it on: Intel's Triton >=
-    # 3.5 lowers them to 2D block IO).
-    kv_desc = not decode_like and head_dim == 128 and page_size >= block_n and _device.backend() == "cuda"
+    # there). Contiguous K/V (page_size 0) with the unmasked tiles in a loop of their own: 1.14-1.25x
+    # at 4k-8k queries a request, 0.95x at 1k (experiments/prefill_pages.txt), so from 2k on.
+    # Off on XPU until measured there (a config file may turn it on: Intel's Triton >= 3.5 lowers
+    # them to 2D block IO).
+    # Pages of half a tile (P = 32) load one page per descriptor, two a tile: 1.31x over the
+    # gathers (H100, 32/8/128, B = 1, L = 8k: 294 -> 384 TF/s; experiments/prefill_pages.txt);
+    # P = 16 stays on gathers (four pages a tile: 0.63-0.83x, two with 32-key tiles: 0.96x).
+    whole_pages = page_size >= block_n or 2 * page_size == block_n
+    long_contiguous = page_size == 0 and (max_q or 0) >= 2048
+    kv_desc = (not decode_like and head_dim == 128 and (whole_pages or long_contiguous)
+               and _device.backend() == "cuda")
     # prefill over pages shorter than a key tile (row gathers): 128-row query tiles on 8 warps,
-    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s)
-    gather_prefill = not decode_like and 16 <= page_size < block_n
+    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s), 1.04-1.06x at P = 1
+    # (B = 4, L = 4k-8k: 314 -> 332, 328 -> 342; experiments/prefill_pages.txt)
+    gather_prefill = not decode_like and 0 < page_size < block_n and not kv_desc
+    # D <= 64 prefill over whole-tile pages or contiguous K/V: 128-row tiles on 8 warps, 3 stages
+    # (H100, 32/8/64, B = 4, L = 4k, P = 64: 321 -> 345 TF/s; experiments/prefill_pages.txt)
+    narrow_prefill = not decode_like and head_dim <= 64 and (page_size == 0 or page_size >= block_n)
     return dict(
         BLOCK_N=block_n,
-        BLOCK_M=128 if gather_prefill else 64,  # query rows (token x head) of a prefill tile
-        num_warps=8 if gather_prefill else 4,
-        num_stages=3 if kv_desc else 2,
+        BLOCK_M=128 if gather_prefill or narrow_prefill else 64,  # query rows (token x head) of a prefill tile
+        num_warps=8 if gather_prefill or narrow_prefill else 4,
+        num_stages=3 if kv_desc or narrow_prefill else 2,
         # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
         # at 32k keys runs 1.18x faster on 128 splits than on 64; 32/8/128 at 1k 1.2x on 8 than 4)
         min_split_tokens=128,
@@ -523,18 +618,21 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
 def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: dict, device):
     """(K, V) host tensor descriptors of the caches seen as ``[token rows, row]`` (paged: pages
     of ``page_size`` rows flattened; ``page_size = 0``: contiguous ``[total_k, H_kv, D]``) with
-    ``[BLOCK_N, D]`` / ``[BLOCK_N, Dv]`` blocks, or None where the config does not ask for them
-    (``kv_desc``) or they cannot be used (``paged_rows_descriptors``; a key tile must lie in one
-    page, and the head dims must be powers of two: the block is the whole head)."""
-    if not config.get("kv_desc") or 0 < page_size < config["BLOCK_N"]:
+    ``[BLOCK_N, D]`` / ``[BLOCK_N, Dv]`` blocks (``[P, D]`` when a tile is two pages of ``P >= 16``
+    rows), or None where the config does not ask for them (``kv_desc``) or they cannot be used
+    (``paged_rows_descriptors``; a key tile must lie in one page or two whole ones, and the head
+    dims must be powers of two: the block is the whole head)."""
+    block_n = config["BLOCK_N"]
+    if not config.get("kv_desc") or (0 < page_size < block_n and (page_size < 16 or block_n != 2 * page_size)):
         return None
+    rows = min(page_size, block_n) if page_size else block_n  # two pages a tile: one load a page
     descriptors = []
     for cache in (k, v):
         num_kv_heads, dim = cache.shape[-2:]
         if dim != next_power_of_2(dim):
             return None
         row_width = (num_kv_heads - 1) * cache.stride(-2) + dim
-        found = paged_rows_descriptors(cache, page_size, row_width, [(config["BLOCK_N"], dim)], device)
+        found = paged_rows_descriptors(cache, page_size, row_width, [(rows, dim)], device)
         if found is None:
             return None
         descriptors += found
@@ -845,7 +943,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
              q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, page_size),
+        _heuristic_config(decode_like, head_dim, work, page_size, max_q),
         device=device,
         fallback=fallback,
     )

@@ -1,0 +1,81 @@
+"""Is a kernel change invisible to the code a launch compiles? Compiles every registered variant
+of ``_paged_attention_kernel`` (``_common.COMPILE_VARIANTS``, plus prefill-shaped tiles and the
+tensor-descriptor paths) from an old copy of ``ops/paged_attention.py`` and from today's module
+for an NVIDIA target (sm_90, no GPU needed: Triton's own compiler), and compares the PTX with
+debug information stripped. ``identical`` means the change cannot move a timing of that variant,
+so no GPU A/B is needed for it.
+
+    TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_COPY.py
+
+Use the Triton the GPU runs (e.g. put a triton==3.6.0 wheel's folder first on PYTHONPATH): PTX
+from another Triton version says nothing about that GPU's code.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for a GPU target even on a machine without one
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sweeps import load_old_op  # noqa: E402
+from triton_xpu_attn import _common  # noqa: E402
+from triton_xpu_attn.ops import paged_attention as today  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+_DEBUG = (".loc", ".file", "//", "$L__", ".b8", ".b32", ".b64")
+
+
+def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = None) -> str:
+    """PTX of ``module``'s kernel at ``variant``'s signature with ``extra`` constexprs, debug lines
+    removed; ``desc_rows``: K/V tensor descriptors of ``[desc_rows, BLOCK_D]`` blocks (``KV_DESC``)."""
+    signature, constexprs = dict(variant.signature), {**variant.constexprs, **extra}
+    if desc_rows:
+        for name in ("k_desc", "v_desc"):
+            signature[name] = f"tensordesc<bf16[{desc_rows},{constexprs['BLOCK_D']}]>"
+            constexprs.pop(name, None)
+        constexprs["KV_DESC"] = True
+    for name in constexprs:
+        signature[name] = "constexpr"
+    kernel = triton.compile(ASTSource(module._paged_attention_kernel, signature, constexprs), target=TARGET,
+                            options=options)
+    text = re.sub(r"_paged_attention_kernel\w*", "K", kernel.asm["ptx"])
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(_DEBUG))
+
+
+def main() -> int:
+    old = load_old_op(sys.argv[1])
+    variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today._paged_attention_kernel]
+    prefill = dict(BLOCK_Q=16, HEADS_PER_BLOCK=4, BLOCK_N=64, SPLIT_KV=False, Q_MAPPING=1)
+    cases = []
+    for v in variants:  # as registered (decode, drafts, pointer prefill), and as a 64-row prefill tile
+        cases.append((v.label, v, {}, dict(num_warps=4, num_stages=2), None))
+        cases.append((v.label + " as prefill 64x64", v, prefill, dict(num_warps=4, num_stages=2), None))
+    base = next(v for v in variants if v.constexprs.get("PAGE_SIZE") == 0 and v.constexprs.get("BLOCK_D") == 128)
+    for page, rows in ((64, 64), (256, 64), (32, 32), (0, 64)):  # descriptor paths (Triton >= 3.4)
+        cases.append((f"descriptors P={page}", base, dict(prefill, BLOCK_D=128, BLOCK_DV=128, PAGE_SIZE=page),
+                      dict(num_warps=4, num_stages=3), rows))
+    print(f"triton {triton.__version__}, target {TARGET}: {sys.argv[1]} vs today's ops/paged_attention.py")
+    different = 0
+    for label, v, extra, options, rows in cases:
+        try:
+            a, b = ptx(old, v, extra, options, rows), ptx(today, v, extra, options, rows)
+        except Exception as exc:  # noqa: BLE001  (e.g. descriptors on a Triton without them)
+            print(f"{label}: not compiled ({type(exc).__name__}: {str(exc)[:80]})")
+            continue
+        same = a == b
+        different += not same
+        print(f"{label}: {'identical' if same else 'DIFFERENT'} PTX")
+    return 0 if different == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
