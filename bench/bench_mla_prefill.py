@@ -27,7 +27,6 @@ mean nothing there).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
 import sys
@@ -151,12 +150,7 @@ def fmt_row(row):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a short grid (on CPU: one tiny interpreter case)")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="stop starting new cases after S seconds (results so far are written)")
-    ap.add_argument("--peers", default=None, help="folder with flashinfer_peer.py and the FlashInfer bundle flashinfer/")
+    ap = common.flashinfer_bench_parser(__doc__.split("\n\n")[0], "a short grid (on CPU: one tiny interpreter case)")
     args = ap.parse_args(argv)
 
     dev = _device.default_device()

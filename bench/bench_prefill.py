@@ -39,7 +39,6 @@ the CPU interpreter tiny float32 cases run instead (a smoke test: the times mean
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -186,12 +185,7 @@ def run_case(case, paged, scale, dims, sdpa_cols, fi=None, peer=None) -> dict:
                                     case["cu_q"], scale, backend)
         common.time_variants("flashinfer", {b: (lambda b=b: make(b)) for b in ("fa3", "fa2")}, check, row)
     row.update(sdpa_cols)
-    for name in PEERS:
-        t = row.get(f"{name}_us", float("nan"))
-        if not common.finite(t):
-            t = row.get(f"{name}_eager_us", float("nan"))
-        row[f"{name}_time_us"] = t
-        row[f"{name}_TFLOPs"] = row["flops"] / t / 1e6 if common.finite(t) else float("nan")
+    common.rate_columns(row, PEERS)
     for name in PEERS[1:]:
         if common.finite(row[f"{name}_time_us"]) and common.finite(row["ours_time_us"]) and row["ours_err"] <= common.BAD_ERR:
             row[f"speedup_vs_{name}"] = row[f"{name}_time_us"] / row["ours_time_us"]
@@ -262,12 +256,7 @@ def summary_lines(rows, pages) -> list[str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two rows at P = 1 and 64 (on CPU: tiny interpreter cases)")
-    ap.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
-    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="stop starting new rows after S seconds (results so far are written)")
-    ap.add_argument("--peers", default=None, help="folder with flashinfer_peer.py and the FlashInfer bundle flashinfer/")
+    ap = common.flashinfer_bench_parser(__doc__, "two rows at P = 1 and 64 (on CPU: tiny interpreter cases)", "rows")
     args = ap.parse_args(argv)
     device = ours.device.default_device()
     smoke = device.type == "cpu"

@@ -27,7 +27,6 @@ Under the CPU interpreter a tiny smoke case runs instead (the time means nothing
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -134,12 +133,7 @@ def run_case(device, B, L, Hq, Hkv, D, fi=None) -> dict:
     if fi is not None:
         common.time_variants("flashinfer", {b: (lambda b=b: run_flashinfer(fi, case, scale, b)) for b in ("fa3", "fa2")},
                              lambda o: rel_err(o, ref), row)
-    for peer in PEERS:
-        t = row.get(f"{peer}_us", float("nan"))
-        if not common.finite(t):
-            t = row.get(f"{peer}_eager_us", float("nan"))
-        row[f"{peer}_time_us"] = t
-        row[f"{peer}_TFLOPs"] = row["flops"] / t / 1e6 if common.finite(t) else float("nan")
+    common.rate_columns(row, PEERS)
     for peer in PEERS[1:]:
         if common.finite(row.get(f"{peer}_time_us")):
             row[f"speedup_vs_{peer}"] = row[f"{peer}_time_us"] / row["ours_time_us"]
@@ -199,12 +193,7 @@ def smoke(args) -> int:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two cases only")
-    ap.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
-    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="stop starting new cases after S seconds (results so far are written)")
-    ap.add_argument("--peers", default=None, help="folder with flashinfer_peer.py and the FlashInfer bundle flashinfer/")
+    ap = common.flashinfer_bench_parser(__doc__, "two cases only")
     args = ap.parse_args(argv)
     device = ours.device.default_device()
     if device.type == "cpu":

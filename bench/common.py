@@ -13,6 +13,7 @@ Import order: this module imports ``triton_xpu_attn`` before torch and triton.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import functools
@@ -415,3 +416,26 @@ def print_table(title: str, rows: list[dict]) -> None:
     print("|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+
+
+def flashinfer_bench_parser(description: str, quick_help: str, unit: str = "cases") -> argparse.ArgumentParser:
+    """The command line every benchmark beside FlashInfer takes: ``--quick``, ``--out``,
+    ``--time-budget`` (no new ``unit`` after S seconds) and ``--peers`` (the peers folder)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help=f"stop starting new {unit} after S seconds (results so far are written)")
+    ap.add_argument("--peers", default=None, help="folder with flashinfer_peer.py and the FlashInfer bundle flashinfer/")
+    return ap
+
+
+def rate_columns(row: dict, names) -> None:
+    """``<name>_time_us`` (the CUDA-graph time, else the eager one) and ``<name>_TFLOPs`` (from
+    ``row["flops"]``) for each kernel ``name`` timed into ``row``."""
+    for name in names:
+        t = row.get(f"{name}_us", float("nan"))
+        if not finite(t):
+            t = row.get(f"{name}_eager_us", float("nan"))
+        row[f"{name}_time_us"] = t
+        row[f"{name}_TFLOPs"] = row["flops"] / t / 1e6 if finite(t) else float("nan")
