@@ -12,7 +12,9 @@ shipped heuristic, in one process (GPU only; medians of CUDA-graph replays):
   today's on the prefill rows (paged P = 16, 32, 64, 256 and contiguous K/V), timed alternately;
 * ``varlen``: contiguous-K/V tiles with descriptors;
 * ``control``: A/A on the descriptor rows (the timing's order effect);
-* ``p1``: token-granular tables (P = 1), tiles and warps.
+* ``p1``: token-granular tables (P = 1), tiles and warps;
+* ``gathers``: A/B on the row-gather rows and two decode rows; ``heads``: one query head a tile
+  (a launcher knob of that run only); ``mla_prefill``: MLA prefill tiles.
 
     python bench/experiments/prefill_pages.py [pages,layout,d64,ab,varlen,control,p1] [--old PATH]
 """
@@ -202,7 +204,9 @@ def gathers(old_path):
 
 def heads(_):
     """Prefill tiles of one query head (``pack_gqa`` off: BLOCK_M tokens of a head, KV tiles read by
-    each head's program) against the shipped GQA-packed tiles ((token, head) rows)."""
+    each head's program) against the shipped GQA-packed tiles ((token, head) rows). Needs the
+    launcher knob of ``results/NVIDIA_H100_80GB_HBM3/experiments/pack_gqa.patch`` (not shipped:
+    level, session 11); without it every config runs packed."""
     configs = []
     for bm, w, st in [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]:
         for desc in (False, True):
@@ -219,6 +223,45 @@ def heads(_):
     cu = torch.arange(0, (B + 1) * L, L, device="cuda", dtype=torch.int32)
     sweep(f"varlen B={B} L={L} 32/8/128", lambda: ours.flash_attn_varlen_func(q, k, v, cu, cu, L, L, causal=True),
           causal_flops(B, 32, 128, L, L), configs)
+
+
+def mla_prefill(_):
+    """MLA prefill (causal, R 512 + Dr 64) tiles: rows x keys, warps, stages, descriptors; the
+    shipped tile is 64 x 64, 8 warps, 2 stages, descriptors at pages >= 16 (session 10)."""
+    import math as _math
+    from bench import bench_mla_prefill as bm
+    configs = []
+    for bh, bn, w, st in [(64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (64, 32, 4, 2), (64, 32, 4, 3),
+                          (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 3), (64, 16, 8, 3), (64, 16, 4, 4)]:
+        for desc in (True, False):
+            configs.append((f"{bh}x{bn}/{w}w/{st}s/{'desc' if desc else 'ptr'}",
+                            dict(BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=0, num_warps=w, num_stages=st, kv_desc=desc)))
+    for B, H, q_len, L, page in [(1, 128, 4096, 4096, 64), (1, 16, 4096, 4096, 64), (4, 128, 1024, 4096, 1)]:
+        torch.manual_seed(0)
+        q, cache, cu, seq_lens, table = bm.make_case(B, H, q_len, L, page, "cuda", torch.bfloat16)
+        ws = torch.empty(16, dtype=torch.uint8, device="cuda")
+        flops = 2 * H * bm.visible_keys(B, q_len, L) * (2 * bm.R + bm.DR)
+        run = lambda: ours.flash_mla_prefill(q[..., :bm.R], q[..., bm.R:], cache, cu, seq_lens, q_len, table, ws,  # noqa: E731
+                                             1 / _math.sqrt(192), causal=True)
+        base = run()
+        t0 = graph_ms(run, warmup=5, rep=20) * 1e3
+        cells = [f"shipped {flops / t0 / 1e6:.0f}"]
+        for label, config in configs:
+            try:
+                with tune.override("mla_prefill", config):
+                    err = rel_err(run(), base)
+                    t = graph_ms(run, warmup=5, rep=20) * 1e3
+                cells.append(f"{label} {flops / t / 1e6:.0f}{'!' if err > 2e-2 else ''}")
+            except Exception as exc:  # noqa: BLE001
+                cells.append(f"{label} {type(exc).__name__}")
+        print(f"MLA prefill B={B} H={H} q={q_len} L={L} P={page}: " + " | ".join(cells) + " TF/s", flush=True)
+
+
+def d64_rows(old_path):
+    """A/B of the D = 64 prefill heuristic (128-row tiles, 8 warps, 3 stages) on rows beyond the one
+    it was measured on: pages of 128/256, short prompts, chunks, contiguous K/V."""
+    ab(old_path, [(4, 4096, 4096, 256, 64), (4, 4096, 4096, 128, 64), (1, 8192, 8192, 256, 64), (16, 1024, 1024, 64, 64),
+                  (4, 2048, 8192, 64, 64), (16, 1024, 1024, 0, 64), (1, 8192, 8192, 0, 64), (8, 256, 256, 64, 64)])
 
 
 def p1(_):
@@ -255,7 +298,8 @@ def main():
     for what in args.what.split(","):
         print(f"## {what}", flush=True)
         {"pages": pages, "layout": layout, "d64": d64, "ab": ab, "varlen": varlen, "control": control,
-         "p1": p1, "gathers": gathers, "heads": heads}[what](args.old)
+         "p1": p1, "gathers": gathers, "heads": heads,
+         "mla_prefill": mla_prefill, "d64_rows": d64_rows}[what](args.old)
 
 
 if __name__ == "__main__":
