@@ -264,6 +264,13 @@ def d64_rows(old_path):
                   (4, 2048, 8192, 64, 64), (16, 1024, 1024, 0, 64), (1, 8192, 8192, 0, 64), (8, 256, 256, 64, 64)])
 
 
+def d64_rows2(old_path):
+    """The D = 64 heuristic narrowed to one-tile pages and contiguous K/V from 1k queries, and
+    128-row gather tiles at P = 1 for D = 64 and short prompts."""
+    ab(old_path, [(4, 4096, 4096, 64, 64), (4, 2048, 8192, 64, 64), (8, 256, 256, 64, 64), (4, 4096, 4096, 256, 64),
+                  (4, 4096, 4096, 1, 64), (8, 256, 256, 1, 128), (8, 256, 256, 1, 64), (1, 8192, 8192, 0, 64)])
+
+
 def p1(_):
     """Token-granular tables (P = 1): tiles and warps."""
     configs = [cfg(64, 64, 4, 2, False), cfg(64, 64, 4, 3, False), cfg(128, 64, 8, 2, False), cfg(128, 64, 8, 3, False),
@@ -299,7 +306,8 @@ def main():
         print(f"## {what}", flush=True)
         {"pages": pages, "layout": layout, "d64": d64, "ab": ab, "varlen": varlen, "control": control,
          "p1": p1, "gathers": gathers, "heads": heads,
-         "mla_prefill": mla_prefill, "d64_rows": d64_rows}[what](args.old)
+         "mla_prefill": mla_prefill, "d64_rows": d64_rows,
+         "d64_rows2": d64_rows2}[what](args.old)
 
 
 if __name__ == "__main__":

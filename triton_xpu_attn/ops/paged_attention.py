@@ -594,12 +594,15 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     kv_desc = (not decode_like and head_dim == 128 and (whole_pages or long_contiguous)
                and _device.backend() == "cuda")
     # prefill over pages shorter than a key tile (row gathers): 128-row query tiles on 8 warps,
-    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s), 1.04-1.06x at P = 1
-    # (B = 4, L = 4k-8k: 314 -> 332, 328 -> 342; experiments/prefill_pages.txt)
-    gather_prefill = not decode_like and 0 < page_size < block_n and not kv_desc
-    # D <= 64 prefill over whole-tile pages or contiguous K/V: 128-row tiles on 8 warps, 3 stages
-    # (H100, 32/8/64, B = 4, L = 4k, P = 64: 321 -> 345 TF/s; experiments/prefill_pages.txt)
-    narrow_prefill = not decode_like and head_dim <= 64 and (page_size == 0 or page_size >= block_n)
+    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s); below 16 from 1k queries a
+    # request (P = 1: 1.04-1.11x at 4k-8k, 0.96x at 256 queries; experiments/prefill_pages.txt)
+    gather_prefill = (not decode_like and 0 < page_size < block_n and not kv_desc
+                      and (page_size >= 16 or (max_q or 0) >= 1024))
+    # D <= 64 prefill of 1k+ queries a request over one-tile pages or contiguous K/V: 128-row tiles
+    # on 8 warps, 3 stages (H100, 32/8/64: 1.04-1.12x at P = 64 and contiguous; 0.98x at P = 128/256
+    # and 0.95x at 256 queries, which keep 64-row tiles; experiments/prefill_pages.txt)
+    narrow_prefill = (not decode_like and head_dim <= 64 and page_size in (0, block_n)
+                      and (max_q or 0) >= 1024)
     return dict(
         BLOCK_N=block_n,
         BLOCK_M=128 if gather_prefill or narrow_prefill else 64,  # query rows (token x head) of a prefill tile
