@@ -594,10 +594,10 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     kv_desc = (not decode_like and head_dim == 128 and (whole_pages or long_contiguous)
                and _device.backend() == "cuda")
     # prefill over pages shorter than a key tile (row gathers): 128-row query tiles on 8 warps,
-    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s); below 16 from 1k queries a
-    # request (P = 1: 1.04-1.11x at 4k-8k, 0.96x at 256 queries; experiments/prefill_pages.txt)
+    # 1.30x at P = 16 (H100, 32/8/128, B = 1, L = 8k: 260 -> 338 TF/s); below 16 from 512 queries a
+    # request (P = 1: 1.04-1.11x at 512-8k queries, 0.96x at 256; experiments/prefill_pages.txt)
     gather_prefill = (not decode_like and 0 < page_size < block_n and not kv_desc
-                      and (page_size >= 16 or (max_q or 0) >= 1024))
+                      and (page_size >= 16 or (max_q or 0) >= 512))
     # D <= 64 prefill of 1k+ queries a request over one-tile pages or contiguous K/V: 128-row tiles
     # on 8 warps, 3 stages (H100, 32/8/64: 1.04-1.12x at P = 64 and contiguous; 0.98x at P = 128/256
     # and 0.95x at 256 queries, which keep 64-row tiles; experiments/prefill_pages.txt)
