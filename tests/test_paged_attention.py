@@ -454,3 +454,30 @@ def test_length_beyond_the_table_is_clamped_not_read_past():
     )
     expected, _ = ref.paged_attention(q, k, v, torch.tensor([16]), table, cu)
     assert_close(got, expected, torch.float32)
+
+
+@pytest.mark.parametrize("case, expected", [
+    # (decode_like, D, page_size, max_q) -> (kv_desc, BLOCK_M, num_warps, num_stages) on CUDA, as measured on the H100
+    ((False, 128, 64, 8192), (True, 64, 4, 3)),  # whole-tile pages: descriptors, 3 stages
+    ((False, 128, 256, 512), (True, 64, 4, 3)),
+    ((False, 128, 32, 8192), (True, 64, 4, 3)),  # two 32-token pages a tile, one descriptor load each
+    ((False, 128, 16, 8192), (False, 128, 8, 2)),  # 16-token pages: row gathers on 128-row tiles
+    ((False, 128, 1, 4096), (False, 128, 8, 2)),  # token-granular tables from 512 queries ...
+    ((False, 128, 1, 256), (False, 64, 4, 2)),  # ... not below
+    ((False, 128, 0, 4096), (True, 64, 4, 3)),  # contiguous K/V from 2k queries a request
+    ((False, 128, 0, 1024), (False, 64, 4, 2)),
+    ((False, 64, 64, 4096), (False, 128, 8, 3)),  # D = 64 at one-tile pages from 1k queries
+    ((False, 64, 256, 4096), (False, 64, 4, 2)),
+    ((False, 64, 64, 256), (False, 64, 4, 2)),
+    ((True, 128, 64, 4), (False, 64, 4, 2)),  # drafts and decode: pointer loads
+])
+def test_prefill_heuristic_choices_on_cuda(monkeypatch, case, expected):
+    """The built-in prefill configs where no tuned file covers a bucket (measurements behind each:
+    bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_pages.txt, prefill_desc.txt)."""
+    from triton_xpu_attn import device as _device
+    from triton_xpu_attn.ops import paged_attention as pa
+
+    monkeypatch.setattr(_device, "backend", lambda: "cuda")
+    decode_like, head_dim, page_size, max_q = case
+    config = pa._heuristic_config(decode_like, head_dim, 32, page_size, max_q)
+    assert (config["kv_desc"], config["BLOCK_M"], config["num_warps"], config["num_stages"]) == expected

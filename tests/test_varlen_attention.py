@@ -122,13 +122,16 @@ def _problem(**overrides):
     return pb
 
 
+@pytest.mark.parametrize("kv_desc", [False, True])
 @pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("limits", [dict(causal=True), dict(causal=True, window=(5, 0)), dict(causal=False, window=(3, 2))])
-def test_short_key_tiles(block_n, limits):
+def test_short_key_tiles(block_n, limits, kv_desc):
     """Several key tiles per request (16/32-key tiles over 40-70 keys), so the tiles every row sees
-    whole skip the element mask while the others keep it; splits cut the keys too."""
+    whole skip the element mask while the others keep it; splits cut the keys too. With ``kv_desc``
+    (compiled, Triton >= 3.4) whole tiles load through tensor descriptors, the unmasked ones in a
+    loop of their own between two masked ones."""
     pb = _problem(q_lens=[12, 7], k_lens=[70, 41], num_splits=3, sinks=True, **limits)
-    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16)):
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, kv_desc=kv_desc)):
         got, lse, out_ref, lse_ref = run_problem(pb)
     assert_close(got, out_ref, torch.float32)
     check_lse(lse, lse_ref, torch.float32)
