@@ -39,7 +39,6 @@ the CPU interpreter tiny float32 cases run instead (a smoke test: the times mean
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -73,11 +72,6 @@ SMOKE_PAGES = (1, 16)
 #: queries of request 0 checked against the float32 reference, at each end of its chunk
 CHECK_ROWS = 64
 PEERS = ("ours", "flashinfer", "sdpa")
-
-
-def causal_flops(B, q_len, L, Hq, D) -> int:
-    """Exact causal FLOPs of B requests of q_len queries over L keys (bottom-right aligned)."""
-    return 4 * Hq * D * B * (q_len * (L - q_len) + q_len * (q_len + 1) // 2)
 
 
 def io_bytes(B, q_len, L, Hq, Hkv, D, itemsize=2) -> int:
@@ -137,15 +131,6 @@ def run_ours(case, paged, scale):
         cu_seqlens_q=case["cu_q"], max_seqlen_q=case["q_len"], softmax_scale=scale, causal=True)
 
 
-def load_peer_script(peers: str):
-    """``DIR/flashinfer_peer.py`` as a module (its ``gqa_prefill``); FlashInfer itself comes from
-    :func:`bench.common.load_flashinfer`."""
-    spec = importlib.util.spec_from_file_location("flashinfer_peer", os.path.join(os.path.abspath(peers), "flashinfer_peer.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def time_call(f):
     """(eager, graph-replayed) microseconds; under the interpreter one timed call, no graph."""
     if common.on_gpu():
@@ -170,7 +155,7 @@ def run_case(case, paged, scale, dims, sdpa_cols, fi=None, peer=None) -> dict:
     B, q_len, L, Hq, Hkv, D = dims
     P = paged["page"]
     row = dict(B=B, q_len=q_len, L=L, Hq=Hq, Hkv=Hkv, D=D, P=P, kind="full" if q_len == L else "chunked",
-               flops=causal_flops(B, q_len, L, Hq, D), bytes=io_bytes(B, q_len, L, Hq, Hkv, D, case["q"].element_size()))
+               flops=common.causal_flops(B, Hq, D, q_len, L), bytes=io_bytes(B, q_len, L, Hq, Hkv, D, case["q"].element_size()))
     check = case["check"]
     f = run_ours(case, paged, scale)
     try:
@@ -269,7 +254,7 @@ def main(argv=None):
     common.set_time_budget(args.time_budget)
     print(common.header(), flush=True)
     fi = common.load_flashinfer(args.peers)
-    peer = load_peer_script(args.peers) if fi is not None else None
+    peer = common.flashinfer_peer_script(args.peers) if fi is not None else None
     rows, summary = [], []
     for index, dims in enumerate(grid):
         if common.out_of_time():

@@ -91,10 +91,6 @@ def run_sdpa(case, scale, backend=None):
     return flash
 
 
-def causal_flops(B, L, Hq, D) -> int:
-    return 4 * Hq * D * B * L * (L + 1) // 2
-
-
 def io_bytes(B, L, Hq, Hkv, D, itemsize=2) -> int:
     return B * L * (2 * Hq + 2 * Hkv) * D * itemsize  # q, k, v read; out written
 
@@ -117,7 +113,7 @@ def run_case(device, B, L, Hq, Hkv, D, fi=None) -> dict:
 
     case = make_case(B, L, Hq, Hkv, D, device)
     scale = D**-0.5
-    row = dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, flops=causal_flops(B, L, Hq, D), bytes=io_bytes(B, L, Hq, Hkv, D))
+    row = dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, flops=common.causal_flops(B, Hq, D, L, L), bytes=io_bytes(B, L, Hq, Hkv, D))
     f = run_ours(case, scale)
     out = f()
     ref = out
@@ -180,7 +176,7 @@ def smoke(args) -> int:
     out = f()
     ref = run_sdpa(case, 0.125)().transpose(1, 2).reshape(B * L, Hq, D)
     us = common.bench_ms(f, repeats=1) * 1e3
-    row = dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, flops=causal_flops(B, L, Hq, D), bytes=io_bytes(B, L, Hq, Hkv, D, 4),
+    row = dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, flops=common.causal_flops(B, Hq, D, L, L), bytes=io_bytes(B, L, Hq, Hkv, D, 4),
                ours_err=rel_err(out, ref), ours_eager_us=us, ours_us=float("nan"), time_us=us)
     if not row["ours_err"] < 1e-4:
         print(f"interpreter smoke run: error {row['ours_err']:.1e} against SDPA", file=sys.stderr)

@@ -241,6 +241,16 @@ FLASHINFER_WORKSPACE_BYTES = 128 << 20
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
+def flashinfer_peer_script(peers: str):
+    """``DIR/flashinfer_peer.py`` (``setup``, ``gqa_prefill``, ...) imported once as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "flashinfer_peer", os.path.join(os.path.abspath(peers), "flashinfer_peer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_flashinfer(peers: str | None):
     """FlashInfer from the bundle ``DIR/flashinfer``, set up by ``DIR/flashinfer_peer.py``'s
     ``setup`` (modules prebuilt for sm_90a; see ../shared/peers/README.md). Returns the
@@ -257,9 +267,7 @@ def load_flashinfer(peers: str | None):
         print(f"FlashInfer skipped: {peers} holds no flashinfer_peer.py and flashinfer/ bundle", flush=True)
         return None
     try:
-        spec = importlib.util.spec_from_file_location("flashinfer_peer", script)
-        loader = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loader)
+        loader = flashinfer_peer_script(peers)
         t0 = time.perf_counter()
         fi = loader.setup(bundle)
     except Exception as exc:  # noqa: BLE001  (a broken bundle: run without the peer, say why)
@@ -439,3 +447,9 @@ def rate_columns(row: dict, names) -> None:
             t = row.get(f"{name}_eager_us", float("nan"))
         row[f"{name}_time_us"] = t
         row[f"{name}_TFLOPs"] = row["flops"] / t / 1e6 if finite(t) else float("nan")
+
+
+def causal_flops(B: int, Hq: int, D: int, q_len: int, L: int) -> int:
+    """Exact FLOPs of causal attention, bottom-right aligned: B requests of ``q_len`` queries over
+    ``L`` keys (query t sees ``L - q_len + t + 1`` keys), ``Hq`` heads of width ``D``."""
+    return 4 * Hq * D * B * (q_len * (L - q_len) + q_len * (q_len + 1) // 2)

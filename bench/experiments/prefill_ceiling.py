@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.common import graph_ms, rel_err  # noqa: E402
+from bench.common import causal_flops, flashinfer_peer_script, graph_ms, rel_err  # noqa: E402
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -115,26 +115,21 @@ def fa(kind, q, k, v, out, B, L, Hq, Hkv, D, bm, bn, warps, stages):
                                   STAGES=stages, WS=kind == "desc+ws", num_warps=warps, num_stages=stages)
 
 
-def flops(B, Hq, D, L):
-    return 4 * Hq * D * B * (L * (L + 1) // 2)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flashinfer", default=None)
     args = ap.parse_args()
-    fi = None
-    if args.flashinfer:
-        sys.path.insert(0, str(pathlib.Path(args.flashinfer).resolve().parent))
-        import flashinfer_peer
-        fi = flashinfer_peer.setup(args.flashinfer)
+    fi = peer = None
+    if args.flashinfer:  # the bundle folder; its set-up script flashinfer_peer.py lies beside it
+        peer = flashinfer_peer_script(pathlib.Path(args.flashinfer).resolve().parent)
+        fi = peer.setup(args.flashinfer)
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     for B, L, Hq, Hkv, D in [(1, 8192, 32, 8, 128), (4, 4096, 32, 8, 128), (4, 4096, 32, 8, 64)]:
         torch.manual_seed(0)
         q = torch.randn(B * L, Hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B * L, Hkv, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(B * L, Hkv, D, device="cuda", dtype=torch.bfloat16)
-        tf = lambda us: flops(B, Hq, D, L) / us / 1e6  # noqa: E731
+        tf = lambda us: causal_flops(B, Hq, D, L, L) / us / 1e6  # noqa: E731
         qd = q.view(B, L, Hq, D).transpose(1, 2)
         ref = torch.nn.functional.scaled_dot_product_attention(
             qd, k.view(B, L, Hkv, D).transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2), is_causal=True,
@@ -149,7 +144,7 @@ def main():
                                                       cu_seqlens_q=cu, max_seqlen_q=L, causal=True)
         line.append(f"ours paged P64 {tf(graph_ms(f_ours, 10, 40) * 1e3):.0f} (err {rel_err(f_ours(), ref):.1e})")
         if fi is not None:
-            f = flashinfer_peer.gqa_prefill(fi, q, k4, v4, table, seqlens, cu, D**-0.5, "fa3")
+            f = peer.gqa_prefill(fi, q, k4, v4, table, seqlens, cu, D**-0.5, "fa3")
             line.append(f"flashinfer fa3 P64 {tf(graph_ms(f, 10, 40) * 1e3):.0f} (err {rel_err(f(), ref):.1e})")
         print(" | ".join(line), flush=True)
         kinds = ["ptr"] + (["desc", "desc+ws"] if TensorDescriptor is not None else [])

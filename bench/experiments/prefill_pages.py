@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 import triton_xpu_attn as ours  # noqa: E402
 import torch  # noqa: E402
 
-from bench.common import bench_ms, capture_graph, graph_ms, rel_err  # noqa: E402
-from prefill_tiles import causal_flops, make_case, ours_call  # noqa: E402
+from bench.common import bench_ms, capture_graph, causal_flops, graph_ms, rel_err  # noqa: E402
+from prefill_tiles import make_case, ours_call  # noqa: E402
 from triton_xpu_attn import reference, tune  # noqa: E402
 
 

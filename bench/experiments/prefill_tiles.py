@@ -22,14 +22,10 @@ sys.path.insert(0, str(ROOT))
 import triton_xpu_attn as ours  # noqa: E402  (first: selects the backend before triton loads)
 import torch  # noqa: E402
 
-from bench.common import graph_ms, rel_err  # noqa: E402
+from bench.common import causal_flops, flashinfer_peer_script, graph_ms, rel_err  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 
 DEV = "cuda"
-
-
-def causal_flops(B, Hq, D, q_len, L):
-    return 4 * Hq * D * B * (q_len * (L - q_len) + q_len * (q_len + 1) // 2)
 
 
 def make_case(B, Hq, Hkv, D, q_len, L, P):
@@ -67,11 +63,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--desc", action="store_true", help="sweep tensor-descriptor K/V loads (kv_desc) against pointer loads")
     args = ap.parse_args()
-    fi = None
-    if args.flashinfer:
-        sys.path.insert(0, str(pathlib.Path(args.flashinfer).resolve().parent))
-        import flashinfer_peer  # noqa: E402
-        fi = flashinfer_peer.setup(args.flashinfer)
+    fi = peer = None
+    if args.flashinfer:  # the bundle folder; its set-up script flashinfer_peer.py lies beside it
+        peer = flashinfer_peer_script(pathlib.Path(args.flashinfer).resolve().parent)
+        fi = peer.setup(args.flashinfer)
     import triton
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     grid = [(1, 32, 8, 128, 8192, 8192, 64), (1, 32, 8, 128, 8192, 8192, 16), (4, 32, 8, 128, 4096, 4096, 64),
@@ -90,7 +85,7 @@ def main():
             best = None
             for backend in ("fa3", "fa2"):
                 try:
-                    f = flashinfer_peer.gqa_prefill(fi, c["q"], c["k"], c["v"], c["table"], c["seqlens"], c["cu_q"],
+                    f = peer.gqa_prefill(fi, c["q"], c["k"], c["v"], c["table"], c["seqlens"], c["cu_q"],
                                                     c["scale"], backend)
                     err = rel_err(f(), base)
                     t = graph_ms(f, warmup=10, rep=40) * 1e3
