@@ -212,6 +212,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def _random_page_table(B: int, L: int, P: int, device) -> tuple[torch.Tensor, int]:
+    """``(page_table [B, cdiv(L, P)] int32, pool pages)``: a fixed random permutation of a pool
+    one page larger than the table needs (every tuning problem scatters its pages the same way)."""
+    n = -(-L // P)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    table = torch.randperm(B * n + 1, generator=gen)[: B * n].view(B, n).to(torch.int32).to(device)
+    return table, B * n + 1
+
+
 # ---- paged attention ----
 
 
@@ -268,12 +277,10 @@ def _pa_make(problem: dict, fields: dict, device):
         k, v = (torch.randn(B * L, hkv, D, device=device, dtype=dtype) for _ in range(2))
         return dict(q=torch.randn(B * S, g * hkv, D, device=device, dtype=dtype), k=k, v=v, cu_q=cu_q, cu_k=cu,
                     max_q=S, max_k=L)
-    n = -(-L // P)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    table = (torch.randperm(B * n + 1, generator=gen)[: B * n] + 0).view(B, n).to(torch.int32).to(device)
+    table, num_pages = _random_page_table(B, L, P, device)
     dtype = getattr(torch, fields["dtype"])
-    k = torch.randn(B * n + 1, P, hkv, D, device=device, dtype=dtype)
-    v = torch.randn(B * n + 1, P, hkv, D, device=device, dtype=dtype)
+    k = torch.randn(num_pages, P, hkv, D, device=device, dtype=dtype)
+    v = torch.randn(num_pages, P, hkv, D, device=device, dtype=dtype)
     q = torch.randn(B, S, g * hkv, D, device=device, dtype=dtype)
     return dict(q=q, k=k, v=v, table=table, seqlens=torch.full((B,), L, device=device, dtype=torch.int32))
 
@@ -346,11 +353,9 @@ def _mla_problems(fields: dict, quick: bool) -> list[dict]:
 
 def _mla_make(problem: dict, fields: dict, device):
     B, H, L, P = problem["B"], problem["H"], problem["L"], problem["P"]
-    n = -(-L // P)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    table = torch.randperm(B * n + 1, generator=gen)[: B * n].view(B, n).to(torch.int32).to(device)
+    table, num_pages = _random_page_table(B, L, P, device)
     dtype = getattr(torch, fields["dtype"])
-    cache = torch.randn(B * n + 1, P, 576, device=device, dtype=dtype)
+    cache = torch.randn(num_pages, P, 576, device=device, dtype=dtype)
     q = torch.randn(B, H, 576, device=device, dtype=dtype)
     seqlens = torch.full((B,), L, device=device, dtype=torch.int32)
     workspace = torch.empty(flash_mla_get_workspace_size(L, B, H, P, -1), dtype=torch.uint8, device=device)
@@ -422,12 +427,10 @@ def _mla_prefill_problems(fields: dict, quick: bool) -> list[dict]:
 
 def _mla_prefill_make(problem: dict, fields: dict, device):
     B, H, q, L, P = problem["B"], problem["H"], problem["q"], problem["L"], problem["P"]
-    n = -(-L // P)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    table = torch.randperm(B * n + 1, generator=gen)[: B * n].view(B, n).to(torch.int32).to(device)
+    table, num_pages = _random_page_table(B, L, P, device)
     dtype = getattr(torch, fields["dtype"])
     return dict(q=torch.randn(B * q, H, 576, device=device, dtype=dtype),
-                cache=torch.randn(B * n + 1, P, 576, device=device, dtype=dtype), table=table,
+                cache=torch.randn(num_pages, P, 576, device=device, dtype=dtype), table=table,
                 cu=torch.arange(B + 1, dtype=torch.int32, device=device) * q,
                 seqlens=torch.full((B,), L, device=device, dtype=torch.int32), q_len=q)
 
