@@ -21,9 +21,30 @@ CONFIGS = [
     None,
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=16, num_warps=4, num_stages=1),  # tiled V channels
     dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=1),
+    dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=3),  # 32-row gathers' built-in tile
     dict(BLOCK_H=16, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=2, PREFETCH_PAGES=0),  # gather w/o prefetch
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=2, kv_desc=True),  # whole-page tiles via descriptors
 ]
+
+
+@pytest.mark.parametrize("rows, page_size, work, expected", [
+    (128, 64, 16, (64, 64, 8, 2)),  # 64-row tiles for 64+ rows
+    (128, 1, 16, (64, 64, 8, 2)),
+    (16, 1, 1, (16, 64, 4, 2)),  # 16-row tiles: long key tiles until the batch is large
+    (16, 1, 16, (16, 32, 4, 2)),
+    (32, 1, 1, (32, 32, 4, 3)),  # 32-row tiles over per-token gathers: 32-key tiles, 3 stages
+    (24, 8, 32, (32, 32, 4, 3)),
+    (32, 16, 1, (32, 64, 4, 2)),  # ... over pages the 64-key tile
+    (32, 64, 32, (32, 64, 4, 2)),
+])
+def test_heuristic_choices_on_cuda(monkeypatch, rows, page_size, work, expected):
+    """The built-in bf16 configs where no tuned file covers a bucket (the 32-row gather tile:
+    bench/results/NVIDIA_H100_80GB_HBM3/experiments/tune_mla_rows32.txt)."""
+    from triton_xpu_attn import device as _device
+
+    monkeypatch.setattr(_device, "backend", lambda: "cuda")
+    config = mla_mod._heuristic_config(rows, 512, torch.bfloat16, work, page_size)
+    assert (config["BLOCK_H"], config["BLOCK_N"], config["num_warps"], config["num_stages"]) == expected
 
 
 def _make_case(gen, batch, q_len, heads, R, Dr, page_size, max_len, dtype, cache_dtype, strided, four_d_cache):

@@ -4,7 +4,10 @@ bottom-right with q_len == L), in three forms, beside FlashInfer and our paged k
 
 * ``ptr``: pointer loads (what triton-xpu 3.3 compiles too),
 * ``desc``: K/V/Q through host tensor descriptors (TMA on Hopper; Triton >= 3.4),
-* ``desc+ws``: descriptors and ``tl.range(warp_specialize=True)`` on the key loop.
+* ``desc+ws``: descriptors and ``tl.range(warp_specialize=True)`` on the key loop,
+* ``desc+sw``: descriptors, and the unmasked loop software-pipelined by hand: tile j+1's scores
+  ``Q K^T`` are issued before tile j's softmax and ``P V`` (FlashAttention-3's intra-warpgroup
+  overlap; session 12), so the tensor cores can run one while the softmax runs.
 
 Dense K/V is an upper bound for paged K/V with pages >= the key tile (a tile then lies in one page).
 GPU only; times are medians of CUDA-graph replays (``bench.common.graph_ms``).
@@ -101,6 +104,49 @@ def _fa_desc(q_desc, k_desc, v_desc, o_desc, L, Hq, group, qk_scale,
     o_desc.store([row0 + pid_m * BLOCK_M, h * D], o.to(o_desc.dtype))
 
 
+@triton.jit
+def _softmax_pv(s, v_blk, acc, m_i, l_i, qk_scale):
+    """The rest of ``_tile`` once the scores are known (unmasked tiles)."""
+    s = s * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v_blk.dtype), v_blk, acc * alpha[:, None], out_dtype=tl.float32)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fa_desc_sw(q_desc, k_desc, v_desc, o_desc, L, Hq, group, qk_scale,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    kvh = h // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    row0 = b * L
+    q = q_desc.load([row0 + pid_m * BLOCK_M, h * D])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    hi_full = pid_m * BLOCK_M
+    if hi_full > 0:
+        # scores of tile 0, then each iteration issues tile j+1's scores before tile j's softmax
+        s = tl.dot(q, tl.trans(k_desc.load([row0, kvh * D])), out_dtype=tl.float32)
+        for n0 in tl.range(0, hi_full - BLOCK_N, BLOCK_N, num_stages=STAGES):
+            s_next = tl.dot(q, tl.trans(k_desc.load([row0 + n0 + BLOCK_N, kvh * D])), out_dtype=tl.float32)
+            acc, m_i, l_i = _softmax_pv(s, v_desc.load([row0 + n0, kvh * D]), acc, m_i, l_i, qk_scale)
+            s = s_next
+        acc, m_i, l_i = _softmax_pv(s, v_desc.load([row0 + hi_full - BLOCK_N, kvh * D]), acc, m_i, l_i, qk_scale)
+    for n0 in tl.range(hi_full, hi_full + BLOCK_M, BLOCK_N):
+        acc, m_i, l_i = _tile(q, k_desc.load([row0 + n0, kvh * D]), v_desc.load([row0 + n0, kvh * D]),
+                              acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, True)
+    o = acc / l_i[:, None]
+    o_desc.store([row0 + pid_m * BLOCK_M, h * D], o.to(o_desc.dtype))
+
+
 def fa(kind, q, k, v, out, B, L, Hq, Hkv, D, bm, bn, warps, stages):
     qk_scale = D**-0.5 * 1.4426950408889634
     grid = (L // bm, B * Hq)
@@ -111,6 +157,9 @@ def fa(kind, q, k, v, out, B, L, Hq, Hkv, D, bm, bn, warps, stages):
     k2, v2 = k.view(B * L, Hkv * D), v.view(B * L, Hkv * D)
     qd, od = TensorDescriptor.from_tensor(q2, [bm, D]), TensorDescriptor.from_tensor(o2, [bm, D])
     kd, vd = TensorDescriptor.from_tensor(k2, [bn, D]), TensorDescriptor.from_tensor(v2, [bn, D])
+    if kind == "desc+sw":
+        return lambda: _fa_desc_sw[grid](qd, kd, vd, od, L, Hq, Hq // Hkv, qk_scale, BLOCK_M=bm, BLOCK_N=bn, D=D,
+                                         STAGES=stages, num_warps=warps, num_stages=stages)
     return lambda: _fa_desc[grid](qd, kd, vd, od, L, Hq, Hq // Hkv, qk_scale, BLOCK_M=bm, BLOCK_N=bn, D=D,
                                   STAGES=stages, WS=kind == "desc+ws", num_warps=warps, num_stages=stages)
 
@@ -118,6 +167,8 @@ def fa(kind, q, k, v, out, B, L, Hq, Hkv, D, bm, bn, warps, stages):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flashinfer", default=None)
+    ap.add_argument("--kinds", default="ptr,desc,desc+ws", help="comma-separated, from ptr, desc, desc+ws, desc+sw")
+    ap.add_argument("--sdpa", action="store_true", help="also time dense torch SDPA (flash backend, GQA)")
     args = ap.parse_args()
     fi = peer = None
     if args.flashinfer:  # the bundle folder; its set-up script flashinfer_peer.py lies beside it
@@ -147,7 +198,11 @@ def main():
             f = peer.gqa_prefill(fi, q, k4, v4, table, seqlens, cu, D**-0.5, "fa3")
             line.append(f"flashinfer fa3 P64 {tf(graph_ms(f, 10, 40) * 1e3):.0f} (err {rel_err(f(), ref):.1e})")
         print(" | ".join(line), flush=True)
-        kinds = ["ptr"] + (["desc", "desc+ws"] if TensorDescriptor is not None else [])
+        if args.sdpa:
+            kd_, vd_ = (x.view(B, L, Hkv, D).transpose(1, 2) for x in (k, v))
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd_, vd_, is_causal=True, enable_gqa=True)  # noqa: E731
+            print(f"  sdpa {tf(graph_ms(f, 10, 40) * 1e3):.0f} TF/s", flush=True)
+        kinds = [k_ for k_ in args.kinds.split(",") if k_ == "ptr" or TensorDescriptor is not None]
         best = {}
         for kind, bm, bn, warps, stages in itertools.product(kinds, (128,), (64, 128), (4, 8), (2, 3)):
             out = torch.empty_like(q)
