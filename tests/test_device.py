@@ -77,7 +77,8 @@ def test_whole_wave_splits_fills_whole_waves(splits, per_split, resident):
         assert cut == splits  # one wave or less: nothing to gain
     else:
         waves = programs // resident
-        assert cut * per_split <= waves * resident  # no partial wave beyond the whole ones
+        # no partial wave beyond the whole ones (a launch without splits has nothing to cut)
+        assert cut == 1 or cut * per_split <= waves * resident
         assert cut == 1 or (cut + 1) * per_split > waves * resident  # and the most splits that allows
 
 

@@ -16,8 +16,8 @@ from triton_xpu_attn.ops import paged_attention as pa_mod
 HEURISTIC = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-def _fields(q="decode", w=4, p=16):
-    return dict(d=128, dv=128, g=4, p=p, q=q, w=w, dtype="bfloat16")
+def _fields(q="decode", w=4, p=16, d=128, dv=128):
+    return dict(d=d, dv=dv, g=4, p=p, q=q, w=w, dtype="bfloat16")
 
 
 @pytest.fixture
@@ -49,6 +49,15 @@ def test_nearest_bucket_needs_equal_text_fields(config_file):
     config_file({tune.bucket_key(_fields(w=16)): {"BLOCK_N": 32}})
     assert tune.lookup("paged_attention", _fields(w=4), HEURISTIC)["BLOCK_N"] == 32  # numeric: nearest
     assert tune.lookup("paged_attention", _fields(q="prefill"), HEURISTIC) == HEURISTIC  # text differs
+
+
+def test_nearest_bucket_never_serves_larger_head_dims(config_file):
+    """A tile tuned at D = 128 may not fit D = 256 (shared memory): larger head dims get the
+    heuristic, smaller ones may take the nearest larger bucket's config."""
+    config_file({tune.bucket_key(_fields(w=4)): {"BLOCK_N": 64, "num_stages": 3}})
+    assert tune.lookup("paged_attention", _fields(w=4, d=256, dv=256), HEURISTIC) == HEURISTIC
+    assert tune.lookup("paged_attention", _fields(w=4, d=128, dv=256), HEURISTIC) == HEURISTIC
+    assert tune.lookup("paged_attention", _fields(w=8, d=64, dv=64), HEURISTIC)["num_stages"] == 3
 
 
 def test_fallback_family_used_only_without_own_buckets(config_file):

@@ -122,9 +122,16 @@ def parse_bucket(text: str) -> dict:
     return out
 
 
+#: bucket fields that size a tile's registers and shared memory (head dims, MLA's latent width): a
+#: config tuned at smaller ones is never used for larger ones (H100: the 64-key, 3-stage tile tuned
+#: for D = 128 varlen prompts needs 237 KB of shared memory at D = 256, over the 227 KB an SM has)
+SIZE_FIELDS = ("d", "dv", "r")
+
+
 def nearest_bucket(table: dict, fields: dict) -> str | None:
-    """The tuned bucket closest to ``fields``: text fields must match; numeric ones (all powers
-    of two or small counts) are compared on a log scale. ``None`` if nothing is comparable."""
+    """The tuned bucket closest to ``fields``: text fields must match, size fields
+    (:data:`SIZE_FIELDS`) must not exceed the tuned bucket's; numeric ones (all powers of two or
+    small counts) are compared on a log scale. ``None`` if nothing is comparable."""
     best, best_distance = None, float("inf")
     for text in table:
         if text == "default":
@@ -136,6 +143,9 @@ def nearest_bucket(table: dict, fields: dict) -> str | None:
         for k, v in fields.items():
             w = other[k]
             if isinstance(v, int) and isinstance(w, int):
+                if k in SIZE_FIELDS and v > w:
+                    distance = float("inf")
+                    break
                 distance += abs(math.log2(max(v, 1)) - math.log2(max(w, 1)))
             elif v != w:
                 distance = float("inf")
