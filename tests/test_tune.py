@@ -51,13 +51,16 @@ def test_nearest_bucket_needs_equal_text_fields(config_file):
     assert tune.lookup("paged_attention", _fields(q="prefill"), HEURISTIC) == HEURISTIC  # text differs
 
 
-def test_nearest_bucket_never_serves_larger_head_dims(config_file):
-    """A tile tuned at D = 128 may not fit D = 256 (shared memory): larger head dims get the
-    heuristic, smaller ones may take the nearest larger bucket's config."""
-    config_file({tune.bucket_key(_fields(w=4)): {"BLOCK_N": 64, "num_stages": 3}})
-    assert tune.lookup("paged_attention", _fields(w=4, d=256, dv=256), HEURISTIC) == HEURISTIC
-    assert tune.lookup("paged_attention", _fields(w=4, d=128, dv=256), HEURISTIC) == HEURISTIC
-    assert tune.lookup("paged_attention", _fields(w=8, d=64, dv=64), HEURISTIC)["num_stages"] == 3
+def test_nearest_bucket_no_larger_head_dims(config_file):
+    """``no_larger``: a tile tuned at D = 128 may not fit D = 256 (shared memory), so larger head
+    dims get the heuristic, smaller ones may take the nearest larger bucket's config; without it
+    the nearest bucket serves any head dim."""
+    config_file({tune.bucket_key(_fields(q="prefill", w=4)): {"BLOCK_N": 64, "num_stages": 3}})
+    strict = dict(no_larger=("d", "dv"))
+    assert tune.lookup("paged_attention", _fields(q="prefill", w=4, d=256, dv=256), HEURISTIC, **strict) == HEURISTIC
+    assert tune.lookup("paged_attention", _fields(q="prefill", w=4, d=128, dv=256), HEURISTIC, **strict) == HEURISTIC
+    assert tune.lookup("paged_attention", _fields(q="prefill", w=8, d=64, dv=64), HEURISTIC, **strict)["num_stages"] == 3
+    assert tune.lookup("paged_attention", _fields(q="prefill", w=4, d=256, dv=256), HEURISTIC)["num_stages"] == 3
 
 
 def test_fallback_family_used_only_without_own_buckets(config_file):
@@ -81,7 +84,7 @@ def test_launcher_bucket_family(monkeypatch, q_len, family):
 
     def recording(op, fields, heuristic, **kw):
         if op == "paged_attention":
-            asked.append((fields["q"], kw.get("fallback")))
+            asked.append((fields["q"], kw.get("fallback"), kw.get("no_larger")))
         return real(op, fields, heuristic, **kw)
 
     monkeypatch.setattr(pa_mod.tune, "lookup", recording)
@@ -91,7 +94,8 @@ def test_launcher_bucket_family(monkeypatch, q_len, family):
     q = torch.randn(B, q_len, 4, D, device=DEVICE, dtype=torch.float16)
     lens = torch.full((B,), 64, device=DEVICE, dtype=torch.int32)
     flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, page_table=table, causal=True)
-    assert asked == [(family, {"q": "decode"} if family == "draft" else None)]
+    # prefill tiles are never taken from a bucket of smaller head dims (shared memory)
+    assert asked == [(family, {"q": "decode"} if family == "draft" else None, ("d", "dv") if family == "prefill" else ())]
 
 
 def test_tuner_covers_drafts_at_four_queries():

@@ -949,6 +949,10 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         _heuristic_config(decode_like, head_dim, work, page_size, max_q),
         device=device,
         fallback=fallback,
+        # prefill tiles keep Q and 2-3 stages of K/V tiles in shared memory: one tuned at D = 128
+        # can overflow at D = 256 (H100: the tuned 64 x 64 / 3-stage varlen tile needs 237 KB).
+        # Decode keeps the nearest entry (that rule there: 0.87-1.51x, experiments/size_fields.txt)
+        no_larger=() if decode_like else ("d", "dv"),
     )
     block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 

@@ -71,13 +71,16 @@ def clear_cache() -> None:
     _MEMO.clear()
 
 
-def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dict | None = None) -> dict:
+def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dict | None = None,
+           no_larger: tuple = ()) -> dict:
     """Config for ``op`` at the bucket ``fields``: user file, shipped file, else ``heuristic``.
 
     Entries of a file config override the heuristic's keys (a file may tune only some knobs).
     ``fallback`` (field overrides, e.g. ``{"q": "decode"}``) names a related bucket family to use
     from a file that has no bucket of ``fields``' own text values (a file tuned before that family
-    existed). Results are memoised per (op, bucket, device): this runs on every launch.
+    existed). ``no_larger`` names numeric fields (head dims) that a nearest bucket may not have
+    smaller than ``fields``: a tile tuned at D = 128 need not fit D = 256. Results are memoised per
+    (op, bucket, device): this runs on every launch.
     """
     forced = _OVERRIDES.get(op)
     if forced is not None:
@@ -87,10 +90,10 @@ def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dic
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         index = device.index
     memo_key = (op, tuple(sorted(fields.items())), tuple(sorted(heuristic.items())), index,
-                tuple(sorted((fallback or {}).items())))
+                tuple(sorted((fallback or {}).items())), tuple(no_larger))
     hit = _MEMO.get(memo_key)
     if hit is None:
-        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device, fallback)
+        hit = _MEMO[memo_key] = _lookup(op, fields, heuristic, device, fallback, no_larger)
     LAST_SOURCE[op] = hit[1]
     return dict(hit[0])
 
@@ -122,16 +125,11 @@ def parse_bucket(text: str) -> dict:
     return out
 
 
-#: bucket fields that size a tile's registers and shared memory (head dims, MLA's latent width): a
-#: config tuned at smaller ones is never used for larger ones (H100: the 64-key, 3-stage tile tuned
-#: for D = 128 varlen prompts needs 237 KB of shared memory at D = 256, over the 227 KB an SM has)
-SIZE_FIELDS = ("d", "dv", "r")
-
-
-def nearest_bucket(table: dict, fields: dict) -> str | None:
-    """The tuned bucket closest to ``fields``: text fields must match, size fields
-    (:data:`SIZE_FIELDS`) must not exceed the tuned bucket's; numeric ones (all powers of two or
-    small counts) are compared on a log scale. ``None`` if nothing is comparable."""
+def nearest_bucket(table: dict, fields: dict, no_larger: tuple = ()) -> str | None:
+    """The tuned bucket closest to ``fields``: text fields must match; numeric ones (all powers
+    of two or small counts) are compared on a log scale, and those named in ``no_larger`` must not
+    exceed the tuned bucket's (fields that size a tile's shared memory). ``None`` if nothing is
+    comparable."""
     best, best_distance = None, float("inf")
     for text in table:
         if text == "default":
@@ -143,7 +141,7 @@ def nearest_bucket(table: dict, fields: dict) -> str | None:
         for k, v in fields.items():
             w = other[k]
             if isinstance(v, int) and isinstance(w, int):
-                if k in SIZE_FIELDS and v > w:
+                if k in no_larger and v > w:
                     distance = float("inf")
                     break
                 distance += abs(math.log2(max(v, 1)) - math.log2(max(w, 1)))
@@ -155,7 +153,8 @@ def nearest_bucket(table: dict, fields: dict) -> str | None:
     return best
 
 
-def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | None = None) -> tuple[dict, str]:
+def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | None = None,
+            no_larger: tuple = ()) -> tuple[dict, str]:
     backend = _device.backend()
     if backend != "interpreter":
         key = _device.device_key(device)
@@ -169,7 +168,7 @@ def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | Non
                 bucket = bucket_key(want)
                 if bucket in table:
                     return {**heuristic, **table[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
-                near = nearest_bucket(table, want)
+                near = nearest_bucket(table, want, no_larger)
                 if near is not None:
                     return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
             if "default" in table:
