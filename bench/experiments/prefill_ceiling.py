@@ -39,16 +39,22 @@ except ImportError:  # Triton < 3.4 (and triton-xpu 3.3)
 
 
 @triton.jit
-def _tile(q, k_blk, v_blk, acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, MASK: tl.constexpr):
-    s = tl.dot(q, tl.trans(k_blk), out_dtype=tl.float32) * qk_scale
-    if MASK:
-        s = tl.where(offs_m[:, None] >= (n0 + offs_n)[None, :], s, float("-inf"))
+def _softmax_pv(s, v_blk, acc, m_i, l_i):
+    """Online softmax of the scaled (and masked) scores ``s`` and ``acc += P V``."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v_blk.dtype), v_blk, acc * alpha[:, None], out_dtype=tl.float32)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _tile(q, k_blk, v_blk, acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, MASK: tl.constexpr):
+    s = tl.dot(q, tl.trans(k_blk), out_dtype=tl.float32) * qk_scale
+    if MASK:
+        s = tl.where(offs_m[:, None] >= (n0 + offs_n)[None, :], s, float("-inf"))
+    return _softmax_pv(s, v_blk, acc, m_i, l_i)
 
 
 @triton.jit
@@ -80,7 +86,8 @@ def _fa_ptr(q_ptr, k_ptr, v_ptr, o_ptr, L, Hq, group, stride_t, stride_kt, qk_sc
 
 @triton.jit
 def _fa_desc(q_desc, k_desc, v_desc, o_desc, L, Hq, group, qk_scale,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr,
+             SW: tl.constexpr = False):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hq
@@ -94,52 +101,19 @@ def _fa_desc(q_desc, k_desc, v_desc, o_desc, L, Hq, group, qk_scale,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     hi_full = pid_m * BLOCK_M
-    for n0 in tl.range(0, hi_full, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
-        acc, m_i, l_i = _tile(q, k_desc.load([row0 + n0, kvh * D]), v_desc.load([row0 + n0, kvh * D]),
-                              acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, False)
-    for n0 in tl.range(hi_full, hi_full + BLOCK_M, BLOCK_N):
-        acc, m_i, l_i = _tile(q, k_desc.load([row0 + n0, kvh * D]), v_desc.load([row0 + n0, kvh * D]),
-                              acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, True)
-    o = acc / l_i[:, None]
-    o_desc.store([row0 + pid_m * BLOCK_M, h * D], o.to(o_desc.dtype))
-
-
-@triton.jit
-def _softmax_pv(s, v_blk, acc, m_i, l_i, qk_scale):
-    """The rest of ``_tile`` once the scores are known (unmasked tiles)."""
-    s = s * qk_scale
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v_blk.dtype), v_blk, acc * alpha[:, None], out_dtype=tl.float32)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _fa_desc_sw(q_desc, k_desc, v_desc, o_desc, L, Hq, group, qk_scale,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    kvh = h // group
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    row0 = b * L
-    q = q_desc.load([row0 + pid_m * BLOCK_M, h * D])
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    hi_full = pid_m * BLOCK_M
-    if hi_full > 0:
-        # scores of tile 0, then each iteration issues tile j+1's scores before tile j's softmax
-        s = tl.dot(q, tl.trans(k_desc.load([row0, kvh * D])), out_dtype=tl.float32)
-        for n0 in tl.range(0, hi_full - BLOCK_N, BLOCK_N, num_stages=STAGES):
-            s_next = tl.dot(q, tl.trans(k_desc.load([row0 + n0 + BLOCK_N, kvh * D])), out_dtype=tl.float32)
-            acc, m_i, l_i = _softmax_pv(s, v_desc.load([row0 + n0, kvh * D]), acc, m_i, l_i, qk_scale)
-            s = s_next
-        acc, m_i, l_i = _softmax_pv(s, v_desc.load([row0 + hi_full - BLOCK_N, kvh * D]), acc, m_i, l_i, qk_scale)
+    if SW:
+        if hi_full > 0:
+            # scores of tile 0, then each iteration issues tile j+1's scores before tile j's softmax
+            s = tl.dot(q, tl.trans(k_desc.load([row0, kvh * D])), out_dtype=tl.float32)
+            for n0 in tl.range(0, hi_full - BLOCK_N, BLOCK_N, num_stages=STAGES):
+                s_next = tl.dot(q, tl.trans(k_desc.load([row0 + n0 + BLOCK_N, kvh * D])), out_dtype=tl.float32)
+                acc, m_i, l_i = _softmax_pv(s * qk_scale, v_desc.load([row0 + n0, kvh * D]), acc, m_i, l_i)
+                s = s_next
+            acc, m_i, l_i = _softmax_pv(s * qk_scale, v_desc.load([row0 + hi_full - BLOCK_N, kvh * D]), acc, m_i, l_i)
+    else:
+        for n0 in tl.range(0, hi_full, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
+            acc, m_i, l_i = _tile(q, k_desc.load([row0 + n0, kvh * D]), v_desc.load([row0 + n0, kvh * D]),
+                                  acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, False)
     for n0 in tl.range(hi_full, hi_full + BLOCK_M, BLOCK_N):
         acc, m_i, l_i = _tile(q, k_desc.load([row0 + n0, kvh * D]), v_desc.load([row0 + n0, kvh * D]),
                               acc, m_i, l_i, qk_scale, offs_m, offs_n, n0, True)
@@ -157,11 +131,9 @@ def fa(kind, q, k, v, out, B, L, Hq, Hkv, D, bm, bn, warps, stages):
     k2, v2 = k.view(B * L, Hkv * D), v.view(B * L, Hkv * D)
     qd, od = TensorDescriptor.from_tensor(q2, [bm, D]), TensorDescriptor.from_tensor(o2, [bm, D])
     kd, vd = TensorDescriptor.from_tensor(k2, [bn, D]), TensorDescriptor.from_tensor(v2, [bn, D])
-    if kind == "desc+sw":
-        return lambda: _fa_desc_sw[grid](qd, kd, vd, od, L, Hq, Hq // Hkv, qk_scale, BLOCK_M=bm, BLOCK_N=bn, D=D,
-                                         STAGES=stages, num_warps=warps, num_stages=stages)
     return lambda: _fa_desc[grid](qd, kd, vd, od, L, Hq, Hq // Hkv, qk_scale, BLOCK_M=bm, BLOCK_N=bn, D=D,
-                                  STAGES=stages, WS=kind == "desc+ws", num_warps=warps, num_stages=stages)
+                                  STAGES=stages, WS=kind == "desc+ws", SW=kind == "desc+sw", num_warps=warps,
+                                  num_stages=stages)
 
 
 def main():
