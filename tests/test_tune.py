@@ -98,6 +98,15 @@ def test_launcher_bucket_family(monkeypatch, q_len, family):
     assert asked == [(family, {"q": "decode"} if family == "draft" else None, ("d", "dv") if family == "prefill" else ())]
 
 
+def test_tuner_covers_prefill_page_sizes():
+    """Prefill buckets at token-granular tables, 16-token pages and one-tile pages (a P = 1 prefill
+    must not take a 16-token page's tile), and varlen buckets, at a small and a saturating work."""
+    buckets = tuner.TUNING_SPECS["paged_attention"].buckets(False)
+    prefill = {(b["p"], b["w"]) for b in buckets if b["q"] == "prefill"}
+    assert prefill == {(p, w) for p in (1, 16, 64) for w in (4, 32)}
+    assert {b["w"] for b in buckets if b["q"] == "varlen"} == {4, 32}
+
+
 def test_tuner_covers_drafts_at_four_queries():
     buckets = tuner.TUNING_SPECS["paged_attention"].buckets(True)
     drafts = [b for b in buckets if b["q"] == "draft"]

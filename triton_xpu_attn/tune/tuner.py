@@ -234,7 +234,10 @@ def _pa_buckets(quick: bool) -> list[dict]:
     out = [dict(d=d, dv=d, g=g, p=p, q=q, w=w, dtype="bfloat16")
            for q in ("decode", "draft") for d, g in shapes for p in pages for w in works]
     if not quick:
-        out += [dict(d=128, dv=128, g=4, p=p, q="prefill", w=w, dtype="bfloat16") for p in (16, 64) for w in (4, 32)]
+        # prefill page sizes: token-granular tables (gathers), 16-token pages, one-tile pages. Without a
+        # p=1 bucket a P=1 prefill took the nearest tuned one, p=16's, whose tile may be a two-page
+        # descriptor tile that gathers run far slower on (H100, P=1: 128 x 32 tiles 215-226 vs 314-328 TF/s)
+        out += [dict(d=128, dv=128, g=4, p=p, q="prefill", w=w, dtype="bfloat16") for p in (1, 16, 64) for w in (4, 32)]
         # flash_attn_varlen_func (contiguous K/V): page field 256 by convention, see _launch
         out += [dict(d=128, dv=128, g=4, p=256, q="varlen", w=w, dtype="bfloat16") for w in (4, 32)]
     return out
