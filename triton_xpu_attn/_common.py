@@ -186,6 +186,18 @@ def tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
         return tl.load(pt_row + n0 // PAGE_SIZE, mask=n0 < hi, other=0) * PAGE_SIZE + n0 % PAGE_SIZE
 
 
+@triton.jit
+def softmax_step(s, m_i, l_i):
+    """Kernel helper: online-softmax update of one score tile ``s`` (log2 units) against the
+    running row maxima ``m_i`` and sums ``l_i``: (probabilities, rescale of the running sums, new
+    max, new sum). A row that has seen no key yet keeps max -inf and gets probabilities 0."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 

@@ -51,6 +51,7 @@ from .._common import (
     paged_rows_descriptors,
     tile_row,
     register_xpu_compile,
+    softmax_step,
     validate_lengths_and_pages,
 )
 from .merge_state import combine_splits
@@ -110,13 +111,9 @@ def _mla_tile(q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, f
         s = tl.where(n_ok[None, :], s, float("-inf"))  # key_end == seq_len >= hi for every row
     else:
         s = tl.where((offs_n[None, :] < key_end[:, None]) & n_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
     acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    return acc, m_i, l_i
 
 
 @triton.jit

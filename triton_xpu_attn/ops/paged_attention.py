@@ -46,6 +46,7 @@ from .._common import (
     paged_rows_descriptors,
     tile_row,
     register_xpu_compile,
+    softmax_step,
     validate_lengths_and_pages,
     whole_wave_splits,
 )
@@ -89,16 +90,6 @@ def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap
         visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
         s = tl.where(visible, s, float("-inf"))
     return s
-
-
-@triton.jit
-def _softmax_step(s, m_i, l_i):
-    """Online-softmax update: (probabilities, rescale of the running sums, new max, new sum)."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit
@@ -147,7 +138,7 @@ def _pointer_tile(
         other=0.0,
     )
     s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
     v = tl.load(
         v_base + v_rows[:, None] + dv[None, :],
         mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
@@ -169,7 +160,7 @@ def _descriptor_tile(
     key = n0 + tl.arange(0, BLOCK_N)
     k = tl.trans(k_desc.load([row, k_col]))
     s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
     v = v_desc.load([row, v_col])
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
 
