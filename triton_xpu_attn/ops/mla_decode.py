@@ -491,7 +491,7 @@ def flash_mla_get_workspace_size(
 flash_mla_decode_get_workspace_size = flash_mla_get_workspace_size
 
 
-def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int, page_size: int) -> dict:
+def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int, gather: bool) -> dict:
     backend = _device.backend()
     block_r = max(16, next_power_of_2(head_dim_v))
     if backend == "interpreter":
@@ -515,7 +515,7 @@ def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int,
         return dict(BLOCK_H=64, BLOCK_N=64, BLOCK_DV=0, num_warps=8, num_stages=2, kv_desc=backend == "cuda")
     if rows <= 16:
         return dict(BLOCK_H=16, BLOCK_N=32 if work >= 16 else 64, BLOCK_DV=0, num_warps=4, num_stages=2)
-    if page_size < 16:
+    if gather:
         # 32-row tiles over per-token gathers (H = 32, or H = 16 with two queries, on page-1
         # tables): 32-key tiles, 3 stages, 1.53-1.97x the 64-key tile at every batch (H100 tuner,
         # rows=32 gather buckets, 2026-11-22); over pages the 64-key tile stays (within 0.96-1.05x)
@@ -741,9 +741,10 @@ def flash_mla_decode(
     work = tune.work_bucket(batch * cdiv(rows, 16), compute_units)
     # kv: "gather" when pages are shorter than a key tile (per-token addressing), else "page";
     # the two want different tiles (H200: P=64-tuned tiles ran 0.7x the heuristic at P=1)
-    fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "w": work, "kv": "gather" if page_size < 16 else "page",
+    gather = page_size < 16
+    fields = {"rows": tune.pow2_bucket(rows, 16, 128), "r": R, "w": work, "kv": "gather" if gather else "page",
               "dtype": str(dtype).replace("torch.", "")}
-    config = tune.lookup("mla_decode", fields, _heuristic_config(rows, R, dtype, work, page_size), device=device)
+    config = tune.lookup("mla_decode", fields, _heuristic_config(rows, R, dtype, work, gather), device=device)
     block_r = max(16, next_power_of_2(R))
     block_dr = max(16, next_power_of_2(DR))
     block_h = max(16, int(config["BLOCK_H"]))
