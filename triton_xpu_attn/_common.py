@@ -187,13 +187,21 @@ def tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def online_max(m_i, tile_max):
+    """Kernel helper: the running row maxima ``m_i`` against a key tile's ``tile_max`` (log2
+    units): (new max, the max to subtract from the tile's scores, rescale of the running sums). A
+    row that has seen no key yet keeps max -inf and subtracts 0."""
+    m_new = tl.maximum(m_i, tile_max)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, m_safe, tl.exp2(m_i - m_safe)
+
+
+@triton.jit
 def softmax_step(s, m_i, l_i):
     """Kernel helper: online-softmax update of one score tile ``s`` (log2 units) against the
     running row maxima ``m_i`` and sums ``l_i``: (probabilities, rescale of the running sums, new
-    max, new sum). A row that has seen no key yet keeps max -inf and gets probabilities 0."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    alpha = tl.exp2(m_i - m_safe)
+    max, new sum); a row that has seen no key yet gets probabilities 0."""
+    m_new, m_safe, alpha = online_max(m_i, tl.max(s, axis=1))
     p = tl.exp2(s - m_safe[:, None])
     return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
 

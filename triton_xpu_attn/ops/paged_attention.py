@@ -43,6 +43,7 @@ from .._common import (
     dtype_names,
     interpreter_float32,
     next_power_of_2,
+    online_max,
     paged_rows_descriptors,
     tile_row,
     register_xpu_compile,
@@ -180,9 +181,7 @@ def _two_pages_tile(
                       qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
     s1 = _tile_scores(q, tl.trans(k_desc.load([row1, k_col])), n0 + PAGE_SIZE + offs, offs >= 0, row_lo, row_hi,
                       masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    m_new = tl.maximum(m_i, tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    alpha = tl.exp2(m_i - m_safe)
+    m_new, m_safe, alpha = online_max(m_i, tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)))
     p0 = tl.exp2(s0 - m_safe[:, None])
     p1 = tl.exp2(s1 - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p0, axis=1) + tl.sum(p1, axis=1)
