@@ -50,6 +50,35 @@ def test_short_key_tiles_and_splits_never_read_a_slot_no_query_sees(pb, block_n,
         check_paged(pb, fill)
 
 
+@st.composite
+def prefill_gather_problems(draw):
+    """Prefill launches (a request of more than 16 queries) over pages shorter than the key tile:
+    the row gathers whose page slots and in-page offsets the kernel splits into a per-tile scalar
+    and loop-invariant parts (``HOIST_GATHER``)."""
+    batch = draw(st.integers(1, 2))
+    q_lens = [draw(st.integers(17, 40))] + [draw(st.integers(0, 40)) for _ in range(batch - 1)]
+    kv_lens = [q + draw(st.integers(0, 50)) for q in q_lens]
+    causal = draw(st.booleans())
+    return dict(
+        dtype=draw(st.sampled_from([torch.float32, torch.float16])), batch=batch,
+        group=draw(st.sampled_from([1, 2, 4])), num_kv_heads=draw(st.integers(1, 2)), head_dim=64, head_dim_v=64,
+        page_size=draw(st.sampled_from([2, 4, 8, 16, 32])), q_lens=q_lens, kv_lens=kv_lens, causal=causal,
+        window=(draw(st.sampled_from([-1, -1, 0, 9, 33])), -1 if causal else draw(st.sampled_from([-1, 0, 5]))),
+        softcap=draw(st.sampled_from([0.0, 5.0])), sinks=draw(st.booleans()),
+        layout=draw(st.sampled_from(["contiguous", "combined", "layered", "padded"])),
+        num_splits=draw(st.sampled_from([0, 1, 3])), four_d=False, give_max_seqlen_q=draw(st.booleans()),
+        extra_pages=1, seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@given(pb=prefill_gather_problems(), block_n=st.sampled_from([32, 64]), fill=st.sampled_from(FILLS))
+def test_prefill_gathers_of_short_pages_never_read_a_slot_no_query_sees(pb, block_n, fill):
+    """Prefill tiles of 32/64 keys over 2- to 32-token pages (several pages a tile, the page table
+    read per row), windows and splits, invisible slots filled with NaN/inf."""
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16)):
+        check_paged(pb, fill)
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("fill", FILLS)
 def test_issue_case_window_5_q_len_3_page_4(num_splits, fill):

@@ -115,6 +115,21 @@ def test_tuner_covers_drafts_at_four_queries():
     assert problems and all(p["q_len"] == 4 for p in problems)
 
 
+def test_tuner_covers_head_dim_256_and_single_requests(monkeypatch):
+    """D = 256 decode/draft buckets exist (without them Gemma's heads took a D = 128 tile), and the
+    smallest work bucket, which also serves single requests, times them beside its small batch."""
+    from triton_xpu_attn import device as _device
+
+    spec = tuner.TUNING_SPECS["paged_attention"]
+    d256 = [b for b in spec.buckets(False) if b["d"] == 256]
+    assert {b["q"] for b in d256} == {"decode", "draft"} and {b["p"] for b in d256} == {1, 16, 64, 128}
+    monkeypatch.setattr(_device, "compute_units", lambda device=None: 132)
+    for q in ("decode", "draft"):
+        small = spec.problems(dict(d256[0], q=q, w=1), False)
+        assert {p["B"] for p in small} == {1, 4} and {p["L"] for p in small if p["B"] == 1} == {1024, 8192}
+        assert all(p["B"] > 1 for p in spec.problems(dict(d256[0], q=q, w=4), False))
+
+
 def test_only_selects_buckets_by_any_of_several_values():
     buckets = tuner.TUNING_SPECS["paged_attention"].buckets(False)
     chosen = tuner.select_buckets(buckets, {"q": ("draft",), "g": ("8",), "p": ("1", "64")})

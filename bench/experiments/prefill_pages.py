@@ -197,8 +197,9 @@ def control(old_path):
 
 
 def gathers(old_path):
-    """A/B on the row-gather rows (P = 1, 16) and two decode rows (the pointer path serves decode)."""
+    """A/B on the row-gather rows (P = 1, 16; P = 32's boundary tiles) and two decode rows (the pointer path serves decode)."""
     ab(old_path, [(4, 4096, 4096, 1, 128), (4, 2048, 8192, 1, 128), (1, 8192, 8192, 16, 128), (8, 512, 4096, 16, 128),
+                  (4, 4096, 4096, 16, 128), (16, 1024, 1024, 16, 128), (4, 2048, 8192, 16, 128), (4, 4096, 4096, 32, 128),
                   (4, 4096, 4096, 16, 64), (16, 1024, 1024, 64, 128), (64, 1, 4096, 16, 128), (16, 4, 8192, 64, 128)])
 
 

@@ -43,6 +43,12 @@ def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = Non
             signature[name] = f"tensordesc<bf16[{desc_rows},{constexprs['BLOCK_D']}]>"
             constexprs.pop(name, None)
         constexprs["KV_DESC"] = True
+    # a constexpr the module's kernel does not have (one added since) is left out: the old kernel
+    # compiles its own code, so a variant that sets it to a non-default value reads DIFFERENT
+    params = module._paged_attention_kernel.arg_names
+    for name in [n for n in constexprs if n not in params]:
+        constexprs.pop(name)
+        signature.pop(name, None)
     for name in constexprs:
         signature[name] = "constexpr"
     kernel = triton.compile(ASTSource(module._paged_attention_kernel, signature, constexprs), target=TARGET,

@@ -6,6 +6,11 @@ applies the rule to prefill lookups only.) Per case both lookups are timed (CUDA
 pairs timed nearest, rule, rule, nearest, best of each kept) and the outputs compared. GPU only.
 
     python bench/experiments/size_fields.py
+    python bench/experiments/size_fields.py --old-file OLD.json   # an older config file against the shipped one
+
+``--old-file``: the same cases, each timed on the lookup of an older copy of this device's config file
+(given as the user's file, ``$TRITON_XPU_ATTN_CONFIG_DIR``) and on the shipped file's, e.g. before and
+after the tuner has D = 256 buckets.
 """
 from __future__ import annotations
 
@@ -38,8 +43,32 @@ def _policy(no_larger: tuple):
     tune.clear_cache()
 
 
+def _files(old_file: str):
+    """A policy that looks up ``old_file`` (as the user's config file) or, given None, the shipped file."""
+    import os
+    import shutil
+    import tempfile
+
+    folder = pathlib.Path(tempfile.mkdtemp()) / "cuda"
+    folder.mkdir()
+    from triton_xpu_attn import device as _device
+
+    shutil.copy(old_file, folder / f"{_device.device_key()}.json")
+
+    def policy(use_old: bool):
+        if use_old:
+            os.environ[tune.CONFIG_DIR_ENV] = str(folder.parent)
+        else:
+            os.environ.pop(tune.CONFIG_DIR_ENV, None)
+        tune.clear_cache()
+    return policy
+
+
 def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    old_file = sys.argv[sys.argv.index("--old-file") + 1] if "--old-file" in sys.argv else None
+    names = ("old file", "shipped") if old_file else ("nearest", "rule")
+    policy = _files(old_file) if old_file else None
     rule = ("d", "dv")
     ratios = []
     for hq, hkv, D, B, L, P, q_len in CASES:
@@ -55,19 +84,25 @@ def main() -> None:
             return ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, causal=True)
 
         times, outs, sources = {}, {}, {}
-        for name, fields in (("nearest", ()), ("rule", rule), ("rule", rule), ("nearest", ())):
-            _policy(fields)
+        a, b = names
+        for name in (a, b, b, a):
+            if policy:
+                policy(name == a)
+            else:
+                _policy(() if name == a else rule)
             outs[name] = call()
             sources[name] = tune.LAST_SOURCE.get("paged_attention")
             times[name] = min(times.get(name, float("inf")), graph_ms(call, 10, 50) * 1e3)
-        ratio = times["nearest"] / times["rule"]
+        ratio = times[a] / times[b]
         ratios.append(ratio)
-        print(f"{hq}/{hkv}/{D} B={B} L={L} P={P} q_len={q_len}: nearest {times['nearest']:.1f} us [{sources['nearest']}] | "
-              f"rule {times['rule']:.1f} us [{sources['rule']}] | rule/nearest speed {ratio:.3f} "
-              f"(outputs differ by {rel_err(outs['rule'], outs['nearest']):.1e})", flush=True)
+        print(f"{hq}/{hkv}/{D} B={B} L={L} P={P} q_len={q_len}: {a} {times[a]:.1f} us [{sources[a]}] | "
+              f"{b} {times[b]:.1f} us [{sources[b]}] | {b}/{a} speed {ratio:.3f} "
+              f"(outputs differ by {rel_err(outs[b], outs[a]):.1e})", flush=True)
     tune.lookup = _LOOKUP
+    if policy:
+        policy(False)
     tune.clear_cache()
-    print(f"rule/nearest speed: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
+    print(f"{b}/{a} speed: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
           f"min {min(ratios):.3f} max {max(ratios):.3f} over {len(ratios)} cases")
 
 

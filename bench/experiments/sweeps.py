@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import itertools
+import json
 import pathlib
+import re
 import sys
 import time
 
@@ -326,12 +328,20 @@ def load_old_op(path, op="paged_attention"):
     return module
 
 
-def ab_paged(old_path, budget_s="240"):
+def _forced(run, config):
+    with tune.override("paged_attention", config):
+        return run()
+
+
+def ab_paged(old_path, budget_s="240", match="", repeats="1", config=""):
     """Old (a copy of ops/paged_attention.py) vs new ``flash_attn_with_kvcache`` on the paged
     benchmark's decode grid (bench_paged_attention: every shape, batch, length and page size,
     smallest KV first: a run cut short by ``budget_s`` seconds drops the largest, bandwidth-bound
     cases) after a few q_len-4 draft cases. Per case: both captured in a graph, replays timed old,
-    new, new, old (the faster of each kept); prints new/old, the min, the geomean, the count below 0.98."""
+    new, new, old (the faster of each kept); prints new/old, the min, the geomean, the count below 0.98.
+    ``match``: only the cases whose label (e.g. ``64/8/128 B=64 L=8192 P=16 q4``) matches this regular
+    expression; ``repeats``: timing pairs each way round (the min of each side is kept); ``config``: a JSON
+    config forced on both (``tune.override``), else each case's shipped lookup (printed)."""
     old = load_old_op(old_path).flash_attn_with_kvcache
     drafts = [(8, 1, 128, 64, 8192, 16, 4), (32, 8, 128, 16, 8192, 64, 4), (64, 8, 128, 64, 8192, 16, 4),
               (32, 8, 64, 16, 32768, 1, 4), (8, 1, 128, 1, 32768, 64, 4)]
@@ -341,6 +351,8 @@ def ab_paged(old_path, budget_s="240"):
     if DEV == "cpu":  # interpreter: one tiny decode and draft case, to check the script runs
         drafts, grid = [(4, 1, 64, 1, 64, 16, 4)], [(4, 1, 64, 2, 64, 16, 1)]
     start, ratios = time.monotonic(), {}
+    label = lambda c: f"{c[0]}/{c[1]}/{c[2]} B={c[3]} L={c[4]} P={c[5]} q{c[6]}"  # noqa: E731
+    drafts, grid = ([c for c in cells if re.search(match, label(c))] for cells in (drafts, grid))
     for cell in drafts + grid:
         if time.monotonic() - start > float(budget_s):
             print(f"time budget spent: {len(ratios)} of {len(drafts) + len(grid)} cases timed", flush=True)
@@ -349,15 +361,19 @@ def ab_paged(old_path, budget_s="240"):
         case = bench_paged.make_case(B, Hq, Hkv, D, L, P, DEV)
         runs = {name: bench_paged.run_ours(case, D**-0.5, q_len, attn=attn)
                 for name, attn in (("old", old), ("new", ours.flash_attn_with_kvcache))}
+        if config:
+            forced = json.loads(config)
+            runs = {name: (lambda run=run: _forced(run, forced)) for name, run in runs.items()}
         diff = (runs["new"]().float() - runs["old"]().float()).abs().max().item()
+        source = "forced " + config if config else tune.LAST_SOURCE.get("paged_attention")
         replays = {name: capture_graph(run) or run for name, run in runs.items()}
         times = {name: [] for name in replays}
-        for order in (("old", "new"), ("new", "old")):  # both ways round: the first of a pair runs faster
+        for order in (("old", "new"), ("new", "old")) * int(repeats):  # both ways round: the first of a pair runs faster
             for name in order:
                 times[name].append(bench_ms(replays[name], warmup=5, rep=20) * 1e3)
         ratios[cell] = min(times["new"]) / min(times["old"])
-        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P} q{q_len}: old {min(times['old']):.1f} us new {min(times['new']):.1f} us "
-              f"new/old {ratios[cell]:.3f} max|diff| {diff:.1e}", flush=True)
+        print(f"{label(cell)}: old {min(times['old']):.1f} us new {min(times['new']):.1f} us "
+              f"new/old {ratios[cell]:.3f} max|diff| {diff:.1e} [{source}]", flush=True)
         del case, runs, replays
     values = list(ratios.values())
     print(f"new/old over {len(values)} cases: min {min(values):.3f} ({min(ratios, key=ratios.get)}), "

@@ -225,7 +225,10 @@ def _random_page_table(B: int, L: int, P: int, device) -> tuple[torch.Tensor, in
 
 
 def _pa_buckets(quick: bool) -> list[dict]:
-    shapes = [(128, 4), (128, 8), (64, 4)]  # (head dim, group): 32/8/128, 8/1 and 64/8, 32/8/64
+    # (head dim, group): 32/8/128, 8/1 and 64/8, 32/8/64, 16/8/256 (Gemma 2/3: without a D = 256 bucket
+    # its q_len-4 drafts took the nearest D = 128 draft tile, 1.46-1.51x slower than the heuristic at
+    # P = 16 on the H100: bench/results/NVIDIA_H100_80GB_HBM3/experiments/size_fields.txt)
+    shapes = [(128, 4), (128, 8), (64, 4), (256, 2)]
     pages = [1, 16, 64] if quick else [1, 16, 64, 128]
     works = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
     # "draft": decode-like launches of 2..16 queries per request (speculative drafts, MTP); their
@@ -261,7 +264,14 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
             # drafts also at 32k keys: there 64-key tiles beat the 128-key ones that win at 1k-8k
             # (H200, 8/1/128, q_len 4, B=64, L=32k: 316 us vs 417 on the 1k/8k pick; experiments/q4_rows.txt)
             lengths += (32768,)
-        return [dict(B=batch, L=length, q_len=1 if fields["q"] == "decode" else 4) for length in lengths]
+        q_len = 1 if fields["q"] == "decode" else 4
+        problems = [dict(B=batch, L=length, q_len=q_len) for length in lengths]
+        if fields["w"] == 1 and batch > 1:
+            # the smallest work class also holds single requests, which want more splits than a
+            # few requests do (H100, 8/4/256, P = 64, B = 1, L = 1k: 16.0 us on the tile picked at
+            # B = 4 vs 13.7 on a 4-wave split one; experiments/tune_d256.txt)
+            problems += [dict(B=1, L=length, q_len=q_len) for length in (1024, 8192)]
+        return problems
     if fields["q"] == "varlen":
         # full prefill, every request's queries over its own keys: L/16 query tiles x H_kv
         # programs a request. Issue 21's grid (B x L = 8-16k tokens) lands in w=32; w=4 is a short prompt
