@@ -134,7 +134,10 @@ def _pointer_tile(
         # slot is n0 // PAGE_SIZE + offs_n // PAGE_SIZE and its token in the page offs_n % PAGE_SIZE,
         # a scalar plus loop-invariant parts: no per-row division in the key loop. H100, P = 16
         # prefill 1.07-1.13x; on decode-shaped tiles mixed (q_len 1 0.96-0.97x the time, one q_len-4
-        # draft tile 1.19x), so the launcher asks for it on prefill only (experiments/gather_addressing.txt)
+        # draft tile 1.19x), so the launcher asks for it on prefill only. P = 1, whose // and % fold
+        # away, keeps the per-key form below (0.98-0.99x this way; experiments/gather_addressing.txt).
+        # The two branches keep their own k_rows / v_rows lines: one shared `key % PAGE_SIZE` value
+        # changes the decode PTX (128 more instructions at P = 16), the code all timings were taken on
         page = tl.load(pt_row + n0 // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
         k_rows = page * stride_k_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_k_tok
         v_rows = page * stride_v_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_v_tok
