@@ -19,10 +19,23 @@ What is compiled:
   the registered variant (``op=<name>``) that fits the bucket; identical compiles are shared across
   files of one target. Other ops get the file's launch options on each of their variants.
 
+Every compile is specialised as a launch specialises it: pointers 16-byte aligned and the row
+strides and head dims of the attention kernels divisible by 16 (``tt.divisibility``, ``ALIGNED``),
+without which the compiler sees scalar gathers and never a 2D block read.
+
 Checks per compile: SPIR-V is produced and non-empty; every ``tt.dot`` in the TTGIR carries the DPAS
 layout (``#triton_intel_gpu.dpas``) and the number of dots (distinct source locations) equals the
-variant's ``dots``; a large-GRF request reaches the build flags. Exit status 1 on any failure.
-See shared/notes/xpu_compile.md for the recipe (arch-parser stub, target dicts).
+variant's ``dots``; a large-GRF request reaches the build flags.
+
+With ``--native OCLOC_ROOT`` (Intel's offline compiler, unpacked by ``.ci/ocloc_env.sh``) each
+compile is also built to native code for its target and read (``.ci/xpu_native.py``): spill bytes
+per thread at the GRF mode the launch uses (after triton-xpu's driver's 256-GRF rebuild when the
+kernel asks for no mode and spills more than 1000 bytes), GRF, SLM, instructions, 2D block
+loads/stores, DPAS and gathers. It fails when an attention kernel (a variant with dots, or a config
+of a config file) spills more than its allowance (``SPILL_ALLOWANCE``: 0 but for the recorded misses)
+or a variant declared to read K/V in 2D (``block_2d``) has no 2D block read. ``--table PATH`` writes
+the table (bench/results/xpu_codegen.md). Exit status 1 on any failure.
+See shared/notes/xpu_compile.md and xpu_native.md for the recipes.
 """
 from __future__ import annotations
 
@@ -57,6 +70,9 @@ if "TRITON_CACHE_DIR" not in os.environ:
 import triton  # noqa: E402
 from triton.backends import backends  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+
+sys.path.insert(0, str(REPO / ".ci"))
+import xpu_native  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Targets: the dict torch.xpu.get_device_capability() would return on each device.
@@ -167,6 +183,51 @@ def count_dots(ttgir: str) -> tuple[int, int, int]:
 
 
 # --------------------------------------------------------------------------------------------
+# Launch specialisation and native-code gates
+# --------------------------------------------------------------------------------------------
+#: integer arguments a launch passes divisible by 16 (Triton's JIT then marks them
+#: ``tt.divisibility=16``): the row strides of q / K / V / out / partials and the head dims of the
+#: attention kernels (page-table, LSE and scale strides are left out: any value occurs)
+ALIGNED = re.compile(r"^(stride_(q|k|v|o|kv|qn|qp|po)_\w+|head_dim(_v)?)$")
+
+#: kernel -> spill bytes per thread its compiles may have, where the zero-spill target is missed
+#: (the gate then stops any growth). MLA decode / prefill keep a [rows, 512] fp32 accumulator and
+#: 512-wide latent tiles: issue 28's structural change (Dv halves on XPU) is not made yet.
+SPILL_ALLOWANCE = {
+    "_mla_decode_kernel": 96 * 1024,
+    # D = 192 pads to 256-wide Q / K^T tiles: 128-832 B at 16-key tiles, 4-32 warps, 16-64 rows
+    # (bench/results/xpu_native/tiles.txt)
+    "_paged_attention_kernel[varlen,bf16,D192,Dv128": 512,
+}
+
+
+def launch_attrs(signature: dict, arg_names: list) -> dict:
+    """``ASTSource.attrs`` as a launch gives them: pointers and ``ALIGNED`` integers divisible by 16."""
+    attrs = {}
+    for i, name in enumerate(arg_names):
+        ty = signature[name]
+        if ty == "constexpr":
+            continue
+        if ty.startswith("*") or (ty.startswith("i") and ALIGNED.match(name)):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def kernel_name(job) -> str:
+    return job.variant.label.split("[", 1)[0]
+
+
+def spill_allowance(job) -> int | None:
+    """Spill bytes a compile may have: 0 for attention kernels (dots) unless ``SPILL_ALLOWANCE``
+    allows more (keyed by kernel name or variant-label prefix); None (not gated) for kernels
+    without dots."""
+    if job.variant.dots == 0:
+        return None
+    found = [n for key, n in SPILL_ALLOWANCE.items() if key == kernel_name(job) or job.variant.label.startswith(key)]
+    return max(found, default=0)
+
+
+# --------------------------------------------------------------------------------------------
 # Jobs
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass
@@ -218,25 +279,41 @@ def _pow2(n: int) -> int:
 def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
     """(variant, constexprs) the paged-attention launcher would compile for a bucket and config:
     decode buckets (q_len 1) on a decode variant, prefill on the prefill one, fp8 caches on the
-    fp8 variant; KV tile and query rows (heads per block x query tokens) as
-    ``flash_attn_with_kvcache`` derives them."""
+    fp8 variant; the bucket's head dims and page size (``p = 256`` of a varlen bucket: contiguous
+    K/V), the KV tile, query rows (heads per block x query tokens) and K/V loads
+    (``paged_attention._kv_load``: block pointers where the config asks and the tile fits a page)
+    as ``flash_attn_with_kvcache`` derives them; ``num_stages`` 1 with block pointers, as the
+    launcher sets it on XPU."""
+    from triton_xpu_attn.ops import paged_attention
+
     q, fp8 = fields.get("q", "decode"), str(fields.get("dtype", "")).startswith("float8")
+    decode_like = q in ("decode", "draft")
 
     def fits(v):
         label = v.label.split("[", 1)[-1]
-        return label.startswith(q) and ("fp8" in label) == fp8
+        kind = "decode" if decode_like else "prefill" if q == "prefill" else "varlen"
+        return label.startswith(kind) and ("fp8" in label) == fp8
 
     variant = next((v for v in variants if fits(v)), None) or next(
         (v for v in variants if v.label.split("[", 1)[-1].startswith(q)), variants[0])
-    out = {}
+    out = dict(variant.constexprs)
     if "BLOCK_N" in cfg:
         out["BLOCK_N"] = int(cfg["BLOCK_N"])
+    if "d" in fields:
+        out["BLOCK_D"] = _pow2(fields["d"])
+        out["BLOCK_DV"] = _pow2(fields.get("dv", fields["d"]))
+    if "p" in fields:
+        out["PAGE_SIZE"] = 0 if q == "varlen" else int(fields["p"])
     if "g" in fields:
         heads = min(_pow2(fields["g"]), 64)
         out["HEADS_PER_BLOCK"] = heads
-        block_q = max(1, int(cfg.get("BLOCK_M", 64)) // heads) if q in ("prefill", "varlen") else 1
+        block_q = 1 if decode_like else max(1, int(cfg.get("BLOCK_M", 64)) // heads)
         out["BLOCK_Q"] = max(block_q, 16 // heads)  # tl.dot needs M >= 16
-    return variant, out  # head dims stay the variant's: a config is compiled once, not per bucket
+    out["HOIST_GATHER"] = not decode_like
+    out["KV_LOAD"] = paged_attention._kv_load(out["PAGE_SIZE"], {"BLOCK_N": out["BLOCK_N"], **cfg}, None)
+    if out["KV_LOAD"] == 2:
+        out["num_stages"] = 1
+    return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}
 
 
 def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
@@ -306,6 +383,9 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
                 for v, consts in pairs:
                     if not launch and not consts:
                         continue
+                    if "num_stages" in consts:  # a launch option the launcher derives (block pointers: 1)
+                        consts = dict(consts)
+                        launch = {**launch, "num_stages": consts.pop("num_stages")}
                     key = (target, v.label, tuple(sorted(launch.items())), tuple(sorted(consts.items())))
                     if key in seen:
                         continue
@@ -323,7 +403,8 @@ def compile_job(job: Job) -> dict:
     signature = {name: v.signature[name] for name in arg_names}
     merged = {**v.constexprs, **job.constexprs}
     constexprs = {name: merged[name] for name in arg_names if name in merged}
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                    attrs=launch_attrs(signature, arg_names))
     t0 = time.perf_counter()
     compiled = triton.compile(src, target=gpu_target(job.target), options=dict(job.options))
     seconds = time.perf_counter() - t0
@@ -340,7 +421,63 @@ def compile_job(job: Job) -> dict:
     mode = job.options.get("grf_mode")
     if mode in ("large", "256") and "256-GRF" not in str(getattr(compiled.metadata, "build_flags", "")):
         problems.append(f"grf_mode={mode!r} did not reach the build flags ({compiled.metadata.build_flags!r})")
-    return dict(spv_bytes=len(spv or b""), dpas=dpas_sites, seconds=seconds, problems=problems)
+    return dict(spv=spv, build_flags=str(getattr(compiled.metadata, "build_flags", "") or ""),
+                slm=int(getattr(compiled.metadata, "shared", 0) or 0), spv_bytes=len(spv or b""), dpas=dpas_sites,
+                seconds=seconds, problems=problems)
+
+
+def native_job(ocloc, job: Job, r: dict) -> dict:
+    """Native code of a compiled job (``xpu_native.launched``) and the gate's problems."""
+    first, rebuilt = xpu_native.launched(ocloc, r["spv"], job.target, r["build_flags"])
+    final = rebuilt or first
+    problems = []
+    allowance = spill_allowance(job)
+    if allowance is not None and final.spill > allowance:
+        what = "target 0" if allowance == 0 else f"allowance {allowance} B (SPILL_ALLOWANCE)"
+        problems.append(f"spills {final.spill} B per thread at {final.grf} GRF ({what})")
+    kv_load = {**job.variant.constexprs, **job.constexprs}.get("KV_LOAD")
+    if job.variant.block_2d and kv_load == 2 and final.block2d_loads == 0:
+        problems.append(f"declared to read {'/'.join(job.variant.block_2d)} by 2D block reads, has none")
+    return dict(first=first, final=final, problems=problems)
+
+
+def write_table(path: pathlib.Path, rows: list, ocloc_version: str, seconds: float) -> None:
+    """The native-code table (markdown) of every compile, with the versions and the commit."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "triton_xpu_attn",
+                                "autotune_configs", ".ci"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit, dirty = "?", ""
+    lines = [
+        "# XPU native code of every registered kernel variant and shipped XPU config",
+        "",
+        f"Written by `.ci/xpu_compile_check.py --native` ({time.strftime('%Y-%m-%d')}, commit {commit}"
+        f"{' with uncommitted kernel/config changes' if dirty else ''}): triton-xpu {triton.__version__} -> SPIR-V, "
+        f"then Intel's `ocloc` ({ocloc_version}) -> native PVC / BMG code, read from IGC's shader dump. "
+        "Compiler facts on a CPU-only machine, not speeds: no Intel GPU ran any of this.",
+        "",
+        "Columns: `spill` bytes per hardware thread at the GRF mode the launch uses (`->` the driver's 256-GRF rebuild "
+        "of a kernel that asks for no mode and spills > 1000 B); `2D ld/st` `load_block2d` / `store_block2d` "
+        "instructions; `gathers` `load.ugm` messages; `SLM` bytes per work-group (Triton's layout conversions and "
+        "reductions); `gate` the CI gate (spill over the allowance, a declared 2D read missing).",
+        "",
+        "| kernel | target | warps | GRF | spill B | 2D ld | 2D st | dpas | gathers | SLM B | instructions | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for job, r, n in rows:
+        first, final = n["first"], n["final"]
+        spill = f"{first.spill} -> {final.spill}" if final is not first else f"{final.spill}"
+        lines.append(
+            f"| `{job.name}` | {job.target} | {job.options.get('num_warps', 4)} | {final.grf} | {spill} | "
+            f"{final.block2d_loads} | {final.block2d_stores} | {final.dpas} | {final.gathers} | {r['slm']} | "
+            f"{final.instructions} | {'FAIL: ' + '; '.join(n['problems']) if n['problems'] else 'ok'} |")
+    failed = sum(1 for _, _, n in rows if n["problems"])
+    lines += ["", f"{len(rows)} compiles in {seconds:.0f} s; {failed} over a gate.", ""]
+    path.write_text("\n".join(lines))
 
 
 def main(argv=None) -> int:
@@ -348,9 +485,24 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list what would be compiled, compile nothing")
     ap.add_argument("-k", metavar="SUBSTRING", help="only variants whose label (or config source) contains SUBSTRING")
     ap.add_argument("--targets", default="pvc,bmg", help="comma-separated registry targets (default: pvc,bmg)")
+    ap.add_argument("--native", metavar="OCLOC_ROOT", help="also build native code with the ocloc unpacked there "
+                    "(.ci/ocloc_env.sh) and gate spills and 2D block reads")
+    ap.add_argument("--table", metavar="PATH", help="with --native: write the native-code table (markdown) there")
+    ap.add_argument("--jobs", type=int, default=2, help="ocloc builds at once (default 2)")
+    ap.add_argument("--native-registry-only", action="store_true",
+                    help="with --native: native code for the registered variants only (config files: SPIR-V "
+                    "checks); a full audit of both targets' configs takes about an hour on 2 cores")
     args = ap.parse_args(argv)
 
     print(f"triton {triton.__version__} ({pathlib.Path(triton.__file__).parent}); TRITON_INTERPRET=0", flush=True)
+    ocloc = None
+    if args.native:
+        try:
+            ocloc = xpu_native.Ocloc(args.native)
+        except FileNotFoundError as e:
+            print(f"FAILED: {e}", file=sys.stderr)
+            return 1
+        print(f"native code: {ocloc.exe} ({ocloc.version()})", flush=True)
     try:
         install_arch_parser_stub()
         import_all_modules()  # every kernel registers itself where it is defined
@@ -386,35 +538,70 @@ def main(argv=None) -> int:
 
     failures = [f"config: {e}" for e in errors]
     width = max([len(j.name) for j in jobs] + [6])
-    header = f"{'kernel':<{width}}  {'target':<6}  {'SPIR-V B':>9}  {'dots exp/DPAS':>13}  {'seconds':>7}  result"
+    native_cols = f"  {'spill B':>13}  {'2D ld':>5}  {'GRF':>3}" if ocloc else ""
+    header = f"{'kernel':<{width}}  {'target':<6}  {'SPIR-V B':>9}  {'dots exp/DPAS':>13}  {'seconds':>7}{native_cols}  result"
     print(header)
     print("-" * len(header))
     t_all = time.perf_counter()
     failed_jobs = 0
-    for j in jobs:
-        try:
-            r = compile_job(j)
-        except Exception as e:  # noqa: BLE001
-            msg = f"{type(e).__name__}: {str(e).strip() or repr(e)}"
-            failures.append(f"{j.name} [{j.target}]: {msg}")
-            failed_jobs += 1
-            print(f"{j.name:<{width}}  {j.target:<6}  {'-':>9}  {f'{j.variant.dots}/-':>13}  {'-':>7}  FAIL", flush=True)
-            print("    " + "\n    ".join(traceback.format_exc().rstrip().splitlines()[-15:]), flush=True)
-            continue
-        ok = not r["problems"]
+    rows = []
+
+    def report(j, r, n):
+        nonlocal failed_jobs
+        problems = r["problems"] + (n["problems"] if n else [])
+        ok = not problems
         failed_jobs += not ok
         dots = f"{j.variant.dots}/{r['dpas']}"
-        print(
-            f"{j.name:<{width}}  {j.target:<6}  {r['spv_bytes']:>9}  {dots:>13}  {r['seconds']:>7.2f}  {'ok' if ok else 'FAIL'}",
-            flush=True,
-        )
-        for p in r["problems"]:
+        cols = ""
+        if n:
+            final = n["final"]
+            spill = f"{n['first'].spill}->{final.spill}" if final is not n["first"] else str(final.spill)
+            cols = f"  {spill:>13}  {final.block2d_loads:>5}  {final.grf:>3}"
+            rows.append((j, r, n))
+        print(f"{j.name:<{width}}  {j.target:<6}  {r['spv_bytes']:>9}  {dots:>13}  {r['seconds']:>7.2f}{cols}  "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+        for p in problems:
             failures.append(f"{j.name} [{j.target}]: {p}")
             print(f"    {p}", flush=True)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending = []  # (job, compile result, future of the native build) in job order
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        def drain(keep: int) -> None:
+            while len(pending) > keep:
+                j, r, fut = pending.pop(0)
+                try:
+                    n = fut.result() if fut is not None else None
+                except Exception as e:  # noqa: BLE001
+                    n = None
+                    r["problems"].append(f"native build: {type(e).__name__}: {str(e).strip()[-800:]}")
+                report(j, r, n)
+
+        for j in jobs:
+            try:
+                r = compile_job(j)
+            except Exception as e:  # noqa: BLE001
+                drain(0)
+                msg = f"{type(e).__name__}: {str(e).strip() or repr(e)}"
+                failures.append(f"{j.name} [{j.target}]: {msg}")
+                failed_jobs += 1
+                print(f"{j.name:<{width}}  {j.target:<6}  {'-':>9}  {f'{j.variant.dots}/-':>13}  {'-':>7}  FAIL", flush=True)
+                print("    " + "\n    ".join(traceback.format_exc().rstrip().splitlines()[-15:]), flush=True)
+                continue
+            native = ocloc is not None and r["spv"] and not (args.native_registry_only and j.source != "registry")
+            fut = pool.submit(native_job, ocloc, j, r) if native else None
+            pending.append((j, r, fut))
+            drain(2 * max(1, args.jobs))  # Triton compiles ahead of the native builds, in order
+        drain(0)
+    seconds = time.perf_counter() - t_all
     print("-" * len(header))
     n = len(jobs)
-    print(f"{n} compile(s) of {len({id(j.variant) for j in jobs})} variant(s) in {time.perf_counter() - t_all:.1f} s; "
+    print(f"{n} compile(s) of {len({id(j.variant) for j in jobs})} variant(s) in {seconds:.1f} s; "
           f"{len(failures)} failure(s)")
+    if ocloc is not None and args.table:
+        write_table(pathlib.Path(args.table), rows, ocloc.version().splitlines()[0], seconds)
+        print(f"native-code table written to {args.table}")
     if failures:
         print("FAILURES:")
         for f in failures:

@@ -28,6 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from triton_xpu_attn.device import normalize_device_key  # noqa: E402
+from triton_xpu_attn.ops.paged_attention import xpu_tiles  # noqa: E402
 from triton_xpu_attn.tune import bucket_key  # noqa: E402
 
 # device name (torch.xpu.get_device_name()) -> compile target, Xe-cores per torch device, peaks
@@ -51,14 +52,10 @@ WORK = 4  # the rules do not depend on the work bucket
 
 SOURCE = (
     "Seeded by hand from Intel's tuning of attention kernels for PVC and BMG; NOT measured on this device. "
-    "Paged attention, decode: KV tile = page size for pages of 16 and 32 tokens, else 64 "
-    "(vllm-xpu-kernels paged decode: kv tile 16/32/64 for block 16/32/other), at least 32 for fp8 caches "
-    "(Intel's vLLM unified-attention patch: TILE_SIZE 32 for fp8) and at most 32 for head dim > 128; "
-    "4 sub-groups per work-group (vllm-xpu-kernels uses 4 for 64-token tiles; fewer would not hold the "
-    "rows x head-dim fp32 accumulator in 128 registers); 8 sub-groups and 256 GRF when the tile holds "
-    "more registers (head dim > 128, or 32-64 packed query rows, i.e. GQA groups >= 32). "
-    "Prefill: Intel's flash-attention forward configs (BLOCK_M 128, BLOCK_N 64 or 32, 8 sub-groups, "
-    "grf_mode 256; Triton tutorial/benchmark fixed config 128x64, 8 warps), BLOCK_M 64 / BLOCK_N 32 for head dim > 128. "
+    "Paged attention: tiles from triton_xpu_attn.ops.paged_attention.xpu_tiles, chosen on the native code "
+    "(triton-xpu 3.3 -> ocloc; bench/results/xpu_codegen.md) for 2D block reads of K/V (block pointers over "
+    "tiles inside one page, one stage) and no spill at grf_mode 256: 32-key tiles at head dim <= 128, 16 above "
+    "and at 16-token pages; 8 sub-groups for decode, 16 for 128-row prefill tiles (64 rows at head dim > 128). "
     "Splits: about 2 work-groups per Xe-core (waves=2; Xe-cores = gpu_subslice_count), at least 4 tiles "
     "(256 tokens) per split and at most 32 splits (vllm-xpu-kernels get_num_splits caps). "
     "MLA decode: BLOCK_H x BLOCK_DV fp32 accumulator kept at <= 8192 floats (64 GRF per thread at 8 "
@@ -73,24 +70,9 @@ SOURCE = (
 
 
 def paged_config(d: int, g: int, p: int, q: str, dtype: str) -> dict:
-    fp8 = dtype.startswith("float8")
-    big_d = d > 128
-    if q == "decode":
-        block_n = p if p in (16, 32) else 64
-        if fp8:
-            block_n = max(block_n, 32)
-        if big_d:
-            block_n = min(block_n, 32)
-        wide = big_d or g >= 32
-        cfg = dict(BLOCK_N=block_n, num_warps=8 if wide else 4, num_stages=2)
-        if wide:
-            cfg["grf_mode"] = LARGE_GRF
-    else:
-        if big_d:
-            cfg = dict(BLOCK_M=64, BLOCK_N=32)
-        else:
-            cfg = dict(BLOCK_M=128, BLOCK_N=64 if (p == 1 or p >= 64) else 32)
-        cfg.update(num_warps=8, num_stages=2, grf_mode=LARGE_GRF)
+    """Tiles from ``paged_attention.xpu_tiles`` (the XPU heuristic: 2D block reads, no spill in
+    the native code), the XPU split policy on top."""
+    cfg = xpu_tiles(q == "decode", d, p)
     cfg.update(waves=2, min_split_tokens=256, max_splits=32, sub_group_size=SUB_GROUP_SIZE)
     return cfg
 

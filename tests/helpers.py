@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from conftest import DEVICE, INTERPRET  # noqa: F401
+from triton_xpu_attn import device as _device
 from triton_xpu_attn import reference as ref
 
 #: relative-error bound per dtype of the op's inputs (the guide's standard)
@@ -12,6 +13,16 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 #: input dtypes of the float ops (under the interpreter the launchers run bf16 in fp32:
 #: ``_common.interpreter_float32``)
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+#: the K/V loads a paged-attention config can ask for: masked pointers, host tensor descriptors
+#: (whole tiles; Triton >= 3.4) and block pointers (every tile inside one page, visible rows
+#: through the boundary check: the XPU path; Triton < 3.9, so compiled runs and older interpreters)
+KV_LOADS = ["pointer", "descriptor"] + (["block_ptr"] if _device.block_pointers() else [])
+
+
+def kv_load_config(kv_load: str) -> dict:
+    """The config keys that ask for ``kv_load`` (one of ``KV_LOADS``)."""
+    return dict(kv_desc=kv_load == "descriptor", kv_block_ptr=kv_load == "block_ptr")
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import FLOAT_DTYPES, assert_close, invisible_slots
+from helpers import FLOAT_DTYPES, KV_LOADS, assert_close, invisible_slots, kv_load_config
 from test_mla_decode import CONFIGS, SHAPES, _make_case, _run_and_check
 from test_paged_attention import attention_problems, check_lse, run_problem, short_tile_problems
 from triton_xpu_attn import tune
@@ -41,12 +41,15 @@ def test_paged_attention_never_reads_a_slot_no_query_sees(pb, fill):
 
 
 @settings(max_examples=max(40, settings().max_examples))
-@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), fill=st.sampled_from(FILLS), kv_desc=st.booleans())
-def test_short_key_tiles_and_splits_never_read_a_slot_no_query_sees(pb, block_n, fill, kv_desc):
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), fill=st.sampled_from(FILLS),
+       kv_load=st.sampled_from(KV_LOADS))
+def test_short_key_tiles_and_splits_never_read_a_slot_no_query_sees(pb, block_n, fill, kv_load):
     """16/32-key tiles: several tiles per split, split boundaries inside windows, tiles that skip
-    the element mask beside tiles that need it; with ``kv_desc`` the tiles of whole pages load
-    through tensor descriptors (whole rows) and only the edge tiles through masked pointers."""
-    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, kv_desc=kv_desc)):
+    the element mask beside tiles that need it; with descriptors the tiles of whole pages load
+    through tensor descriptors (whole rows) and only the edge tiles through masked pointers; with
+    block pointers (the XPU path) every tile of a page loads its visible rows only, the rest read
+    as 0 by the boundary check (rows left of the window, past the length)."""
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, **kv_load_config(kv_load))):
         check_paged(pb, fill)
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, assert_close, invisible_slots, poison
+from helpers import DEVICE, FLOAT_DTYPES, KV_LOADS, assert_close, invisible_slots, kv_load_config, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -164,13 +164,14 @@ def short_tile_problems(draw):
 
 
 @settings(max_examples=max(60, settings().max_examples))  # cheap examples; each mask boundary needs its own draw
-@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), kv_desc=st.booleans())
-def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n, kv_desc):
+@given(pb=short_tile_problems(), block_n=st.sampled_from([16, 32, 64]), kv_load=st.sampled_from(KV_LOADS))
+def test_short_key_tiles_mask_exactly_the_tiles_a_row_does_not_see_whole(pb, block_n, kv_load):
     """Key tiles that every query row of a program sees whole skip the element mask; 16- and
     32-key tiles make such tiles at test lengths (the built-in 64+-key tiles leave none). With
-    ``kv_desc``, pages of whole tiles load K/V through tensor descriptors (the prefill path on
-    Hopper), edge tiles through masked pointers."""
-    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, kv_desc=kv_desc)):
+    descriptors, pages of whole tiles load K/V through tensor descriptors (the prefill path on
+    Hopper), edge tiles through masked pointers; with block pointers (the XPU path) every tile
+    inside a page does (pages shorter than the tile keep the gathers)."""
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, **kv_load_config(kv_load))):
         got, lse, out, out_ref, lse_ref = run_problem(pb)
     assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
     assert_close(got, out_ref, pb["dtype"])

@@ -140,3 +140,36 @@ def test_registered_variant_is_well_formed(variant):
         else:
             assert isinstance(ty, str) and ty, f"{variant.label}: {name} needs a Triton type string, got {ty!r}"
     assert variant.op is None or (isinstance(variant.op, str) and variant.op), f"{variant.label}: bad op {variant.op!r}"
+
+
+def test_variants_declared_2d_load_kv_through_block_pointers():
+    """A variant declared to read K/V by 2D block reads (``block_2d``; the native audit fails
+    without them) compiles the block-pointer K/V loads (``KV_LOAD = 2``) with one stage, which
+    triton-xpu 3.3's pipeliner needs for block pointers whose address comes from a page id."""
+    declared = [v for v in COMPILE_VARIANTS if v.block_2d]
+    assert declared, "no variant is declared to read K/V by 2D block reads"
+    for v in declared:
+        assert v.constexprs.get("KV_LOAD") == 2, v.label
+        assert v.options.get("num_stages") == 1, v.label
+        page = v.constexprs.get("PAGE_SIZE")
+        assert page == 0 or page >= v.constexprs["BLOCK_N"], f"{v.label}: a key tile must lie in one page"
+
+
+@pytest.mark.parametrize("decode_like", [True, False])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 192, 256])
+@pytest.mark.parametrize("page_size", [0, 1, 2, 8, 16, 32, 64, 256])
+def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_dim, page_size):
+    """The XPU tiles (heuristic and shipped files) ask for block pointers exactly where every key
+    tile lies in one page or the K/V rows are contiguous, keep K^T / V tiles at most 32 keys (64
+    fill the 256-GRF file: bench/results/xpu_codegen.md), 256 GRF, one stage with block pointers,
+    and at most 32 warps (the backend's limit at 256 GRF)."""
+    from triton_xpu_attn.ops.paged_attention import xpu_tiles
+
+    cfg = xpu_tiles(decode_like, head_dim, page_size)
+    fits = page_size == 0 or page_size >= cfg["BLOCK_N"]
+    assert cfg["kv_block_ptr"] == fits
+    assert cfg["BLOCK_N"] <= (32 if head_dim <= 128 else 16)
+    assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32
+    assert cfg["num_stages"] == (1 if fits else 2)
+    if page_size >= 16:
+        assert fits, "pages of 16+ tokens read K/V in 2D"

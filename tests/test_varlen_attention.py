@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, poison
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, KV_LOADS, assert_close, kv_load_config, poison
 from test_paged_attention import check_lse
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import flash_attn_varlen_func, tune
@@ -122,16 +122,17 @@ def _problem(**overrides):
     return pb
 
 
-@pytest.mark.parametrize("kv_desc", [False, True])
+@pytest.mark.parametrize("kv_load", KV_LOADS)
 @pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("limits", [dict(causal=True), dict(causal=True, window=(5, 0)), dict(causal=False, window=(3, 2))])
-def test_short_key_tiles(block_n, limits, kv_desc):
+def test_short_key_tiles(block_n, limits, kv_load):
     """Several key tiles per request (16/32-key tiles over 40-70 keys), so the tiles every row sees
-    whole skip the element mask while the others keep it; splits cut the keys too. With ``kv_desc``
-    (compiled, Triton >= 3.4) whole tiles load through tensor descriptors, the unmasked ones in a
-    loop of their own between two masked ones."""
+    whole skip the element mask while the others keep it; splits cut the keys too. With
+    descriptors (compiled, Triton >= 3.4) whole tiles load through tensor descriptors, the unmasked
+    ones in a loop of their own between two masked ones; with block pointers (the XPU path) every
+    tile loads its visible rows of the request's slice."""
     pb = _problem(q_lens=[12, 7], k_lens=[70, 41], num_splits=3, sinks=True, **limits)
-    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, kv_desc=kv_desc)):
+    with tune.override("paged_attention", dict(BLOCK_N=block_n, BLOCK_M=16, **kv_load_config(kv_load))):
         got, lse, out_ref, lse_ref = run_problem(pb)
     assert_close(got, out_ref, torch.float32)
     check_lse(lse, lse_ref, torch.float32)

@@ -243,12 +243,14 @@ class CompileVariant:
     options: dict  # num_warps, num_stages, ...
     dots: int  # how many tl.dot the kernel holds (the check asserts DPAS when > 0)
     op: str | None = None  # op name used in autotune_configs/<backend>/*.json ("ops" keys); None = no config
+    block_2d: tuple = ()  # operands this variant reads by 2D block reads on XPU (the native audit checks it)
 
 
 COMPILE_VARIANTS: list[CompileVariant] = []
 
 
-def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: str | None = None, **options) -> None:
+def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: str | None = None, block_2d: tuple = (),
+                         **options) -> None:
     """Record one representative compilation of ``kernel``.
 
     ``args`` maps every kernel parameter to either a Triton type string (``"*bf16"``, ``"i32"``,
@@ -257,8 +259,10 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: s
     ``op`` names the op whose tuned configs launch this kernel: the key under ``"ops"`` in
     ``autotune_configs/<backend>/<device>.json`` (the one ``tune.lookup(op, ...)`` uses). Ops that
     read config files must set it, so the compile check also compiles this variant with each
-    file's launch options (``num_warps``, ``num_stages``, ``grf_mode``). Remaining keyword
-    arguments are launch options of this variant.
+    file's launch options (``num_warps``, ``num_stages``, ``grf_mode``). ``block_2d`` names the
+    operands (``"K"``, ``"V"``, ...) this variant loads through 2D block reads on Intel GPUs: the
+    native-code audit fails when it has none. Remaining keyword arguments are launch options of
+    this variant.
     """
     fn = getattr(kernel, "fn", kernel)
     parameters = inspect.signature(fn).parameters
@@ -271,4 +275,5 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: s
         raise AssertionError(f"compile variant {label} of {fn.__name__}: missing {missing}, unknown {extra}")
     signature = {p: ("constexpr" if p in constexpr_names else args[p]) for p in params}
     constexprs = {p: args[p] for p in params if p in constexpr_names}
-    COMPILE_VARIANTS.append(CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots, op))
+    COMPILE_VARIANTS.append(
+        CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots, op, tuple(block_2d)))

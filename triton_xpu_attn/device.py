@@ -173,6 +173,16 @@ def tensor_descriptor(tensor: torch.Tensor, shape: list, strides: list, block_sh
     return _descriptor_class()(tensor, shape, strides, block_shape)
 
 
+@functools.lru_cache(maxsize=None)
+def block_pointers() -> bool:
+    """Whether kernels may load tiles through ``tl.make_block_ptr``: Triton before 3.9 (3.9 removed
+    it). triton-xpu 3.3 turns those loads, and no other, into 2D block reads on Intel GPUs; newer
+    Intel Triton still compiles them (deprecated there in favour of tensor descriptors)."""
+    import triton.language as tl
+
+    return hasattr(tl, "make_block_ptr") and _version_tuple(triton_version()) < (3, 9)
+
+
 def triton_version() -> str:
     """Version of the installed Triton (``pytorch-triton-xpu`` installs as ``triton`` too)."""
     import triton

@@ -38,6 +38,10 @@ def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = Non
     """PTX of ``module``'s kernel at ``variant``'s signature with ``extra`` constexprs, debug lines
     removed; ``desc_rows``: K/V tensor descriptors of ``[desc_rows, BLOCK_D]`` blocks (``KV_DESC``)."""
     signature, constexprs = dict(variant.signature), {**variant.constexprs, **extra}
+    params = module._paged_attention_kernel.arg_names
+    # K/V loads as CUDA launches them: pointers, or tensor descriptors (KV_DESC before KV_LOAD
+    # replaced it); the XPU block pointers (KV_LOAD = 2) of some registered variants are not a CUDA path
+    constexprs["KV_LOAD"] = 1 if desc_rows else 0
     if desc_rows:
         for name in ("k_desc", "v_desc"):
             signature[name] = f"tensordesc<bf16[{desc_rows},{constexprs['BLOCK_D']}]>"
@@ -45,7 +49,6 @@ def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = Non
         constexprs["KV_DESC"] = True
     # a constexpr the module's kernel does not have (one added since) is left out: the old kernel
     # compiles its own code, so a variant that sets it to a non-default value reads DIFFERENT
-    params = module._paged_attention_kernel.arg_names
     for name in [n for n in constexprs if n not in params]:
         constexprs.pop(name)
         signature.pop(name, None)

@@ -16,7 +16,7 @@ The split count is chosen on the host from shapes only (page-table width, batch,
 units) and refined per request on the device from its real length, so no launch syncs with the
 host and the whole call can be captured in a CUDA/XPU graph.
 
-Key tiles load through pointers (``_pointer_tile``: any page size, gathers for pages shorter than
+Key tiles load through pointers (``_tile``: any page size, gathers for pages shorter than
 a tile) or, where the config asks for it (``kv_desc``) and Triton has them (>= 3.4; triton-xpu 3.3
 compiles the pointer path), through tensor descriptors (``_descriptor_tiles``: a tile of one
 page, or of two whole pages with one load each; TMA on Hopper). All share the score/softmax/PV
@@ -104,59 +104,101 @@ def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr, RESCALE: tl.const
 
 
 @triton.jit
-def _pointer_tile(
+def _block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+                TRANSPOSED: tl.constexpr):
+    """Block pointer over ``BLOCK_ROWS`` cache rows of ``width`` elements whose row ``skip`` is at
+    ``base``: rows ``skip .. skip + rows - 1`` of the block are the valid ones, the rest (and
+    columns past ``width``) read as 0 through the boundary check, so a row no query may see is
+    never loaded. ``TRANSPOSED``: the block is ``[BLOCK_W, BLOCK_ROWS]``, column-major (K^T), the
+    form triton-xpu turns into transposed 2D block reads (rows loaded and transposed stay gathers);
+    else ``[BLOCK_ROWS, BLOCK_W]`` row-major (V). The row pitch is a kernel argument: a pitch
+    computed in the kernel keeps triton-xpu on gathers (shared/notes/xpu_native.md)."""
+    if TRANSPOSED:
+        block = tl.make_block_ptr(base, shape=(width, rows), strides=(1, stride_tok), offsets=(0, -skip),
+                                  block_shape=(BLOCK_W, BLOCK_ROWS), order=(0, 1))
+    else:
+        block = tl.make_block_ptr(base, shape=(rows, width), strides=(stride_tok, 1), offsets=(-skip, 0),
+                                  block_shape=(BLOCK_ROWS, BLOCK_W), order=(1, 0))
+    return block
+
+
+@triton.jit
+def _tile(
     q, acc, m_i, l_i, n0, kv_start, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
     pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
     head_dim, head_dim_v,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
+    KV_LOAD: tl.constexpr = 0,
 ):
-    """One key tile through pointer loads (any page size: pages shorter than the tile are gathered
-    row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on). Keys outside
-    ``[key_lo, end)`` are not loaded: no query may see them, and a freed
-    slot can hold NaN (masking the score would not stop ``0 * NaN`` in ``P @ V``)."""
+    """One key tile through masked loads: pointer loads (any page size: pages shorter than the
+    tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
+    ``KV_LOAD = 2`` (a tile inside one page, or contiguous K/V), block pointers over the tile's
+    visible rows (2D block reads on Intel GPUs). Keys outside ``[key_lo, end)`` are not loaded: no
+    query may see them, and a freed slot can hold NaN (masking the score would not stop
+    ``0 * NaN`` in ``P @ V``)."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     key = n0 + offs_n
     key_valid = (key >= key_lo) & (key < end)
-    if PAGE_SIZE >= BLOCK_N:
-        # the whole tile lies in one page: one page-table read, contiguous token rows
-        page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
-        k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
-        v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
-    elif PAGE_SIZE == 0:
-        # contiguous K/V (flash_attn_varlen_func): the tile is rows kv_start + key, no page table
-        k_rows = (kv_start + key).to(tl.int64) * stride_k_tok
-        v_rows = (kv_start + key).to(tl.int64) * stride_v_tok
-    elif HOIST_GATHER and PAGE_SIZE > 1:
-        # pages shorter than the tile (both powers of two, n0 a multiple of BLOCK_N): a row's page
-        # slot is n0 // PAGE_SIZE + offs_n // PAGE_SIZE and its token in the page offs_n % PAGE_SIZE,
-        # a scalar plus loop-invariant parts: no per-row division in the key loop. H100, P = 16
-        # prefill 1.07-1.13x; on decode-shaped tiles mixed (q_len 1 0.96-0.97x the time, one q_len-4
-        # draft tile 1.19x), so the launcher asks for it on prefill only. P = 1, whose // and % fold
-        # away, keeps the per-key form below (0.98-0.99x this way; experiments/gather_addressing.txt).
-        # The two branches keep their own k_rows / v_rows lines: one shared `key % PAGE_SIZE` value
-        # changes the decode PTX (128 more instructions at P = 16), the code all timings were taken on
-        page = tl.load(pt_row + n0 // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
-        k_rows = page * stride_k_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_k_tok
-        v_rows = page * stride_v_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_v_tok
+    if KV_LOAD == 2:
+        # the visible rows of the tile, [n0 + skip, n0 + skip + rows), through block pointers
+        skip = tl.maximum(key_lo - n0, 0)
+        rows = tl.minimum(end - n0, BLOCK_N) - skip
+        if PAGE_SIZE == 0:
+            first = (kv_start + n0 + skip).to(tl.int64)
+            k_tile = k_base + first * stride_k_tok
+            v_tile = v_base + first * stride_v_tok
+        else:
+            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+            first = (n0 % PAGE_SIZE + skip).to(tl.int64)
+            k_tile = k_base + page * stride_k_page + first * stride_k_tok
+            v_tile = v_base + page * stride_v_page + first * stride_v_tok
+        k = tl.load(_block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
+                    boundary_check=(0, 1), padding_option="zero")
     else:
-        page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
-        k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
-        v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
-    k = tl.load(
-        k_base + k_rows[None, :] + d[:, None],
-        mask=key_valid[None, :] & (d[:, None] < head_dim),
-        other=0.0,
-    )
+        if PAGE_SIZE >= BLOCK_N:
+            # the whole tile lies in one page: one page-table read, contiguous token rows
+            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+            k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
+            v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
+        elif PAGE_SIZE == 0:
+            # contiguous K/V (flash_attn_varlen_func): the tile is rows kv_start + key, no page table
+            k_rows = (kv_start + key).to(tl.int64) * stride_k_tok
+            v_rows = (kv_start + key).to(tl.int64) * stride_v_tok
+        elif HOIST_GATHER and PAGE_SIZE > 1:
+            # pages shorter than the tile (both powers of two, n0 a multiple of BLOCK_N): a row's page
+            # slot is n0 // PAGE_SIZE + offs_n // PAGE_SIZE and its token in the page offs_n % PAGE_SIZE,
+            # a scalar plus loop-invariant parts: no per-row division in the key loop. H100, P = 16
+            # prefill 1.07-1.13x; on decode-shaped tiles mixed (q_len 1 0.96-0.97x the time, one q_len-4
+            # draft tile 1.19x), so the launcher asks for it on prefill only. P = 1, whose // and % fold
+            # away, keeps the per-key form below (0.98-0.99x this way; experiments/gather_addressing.txt).
+            # The two branches keep their own k_rows / v_rows lines: one shared `key % PAGE_SIZE` value
+            # changes the decode PTX (128 more instructions at P = 16), the code all timings were taken on
+            page = tl.load(pt_row + n0 // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+            k_rows = page * stride_k_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_k_tok
+            v_rows = page * stride_v_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_v_tok
+        else:
+            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+            k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
+            v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
+        k = tl.load(
+            k_base + k_rows[None, :] + d[:, None],
+            mask=key_valid[None, :] & (d[:, None] < head_dim),
+            other=0.0,
+        )
     s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
-    v = tl.load(
-        v_base + v_rows[:, None] + dv[None, :],
-        mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
-        other=0.0,
-    )
+    if KV_LOAD == 2:
+        v = tl.load(_block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
+                    boundary_check=(0, 1), padding_option="zero")
+    else:
+        v = tl.load(
+            v_base + v_rows[:, None] + dv[None, :],
+            mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
+            other=0.0,
+        )
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
 
 
@@ -282,7 +324,7 @@ def _paged_attention_kernel(
     SPLIT_KV: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    KV_DESC: tl.constexpr = False,
+    KV_LOAD: tl.constexpr = 0,
     HOIST_GATHER: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
@@ -416,13 +458,13 @@ def _paged_attention_kernel(
         safe_hi = tl.minimum(safe_hi, first_pos + 1)
     mid_lo = start + tl.cdiv(tl.maximum(safe_lo - start, 0), BLOCK_N) * BLOCK_N
     mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
-    if KV_DESC:
+    if KV_LOAD == 1:
         # descriptors read whole rows: tiles that can hold a slot no query may see (left of first_key,
         # past `end`) go through masked pointer loads, the rest through descriptors
         desc_lo = tl.minimum(start + tl.cdiv(tl.maximum(first_key - start, 0), BLOCK_N) * BLOCK_N, end)
         desc_hi = desc_lo + ((end - desc_lo) // BLOCK_N) * BLOCK_N
         for n0 in range(start, desc_lo, BLOCK_N):
-            acc, m_i, l_i = _pointer_tile(
+            acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
@@ -448,16 +490,16 @@ def _paged_attention_kernel(
                 q, acc, m_i, l_i, desc_lo, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
                 kv_start, k_desc, k_col, v_desc, v_col, 2, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
         for n0 in range(desc_hi, end, BLOCK_N):
-            acc, m_i, l_i = _pointer_tile(
+            acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
     else:
         for n0 in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _pointer_tile(
+            acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
-                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -513,35 +555,47 @@ def _register_compile_variants():
         Q_MAPPING=_PER_REQUEST, PAD_ROWS=True, BLOCK_Q=4, HEADS_PER_BLOCK=4, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128,
         PAGE_SIZE=64, CAUSAL=True, HAS_SOFTCAP=False, HAS_SINKS=False, HAS_K_DESCALE=False,
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
-        k_desc=None, v_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
+        k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False,
     )
-    register_xpu_compile(_paged_attention_kernel, "decode,bf16,D128,g4,P64,split", common, dots=2, num_warps=4, op="paged_attention")
+    # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
+    # pointers (2D block reads), one stage, 256 GRF
+    xpu = dict(num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     register_xpu_compile(
-        _paged_attention_kernel, "prefill,fp16,D64,g8,P16,window,sinks,softcap",
+        _paged_attention_kernel, "decode,bf16,D128,g4,P64,split", {**common, "BLOCK_N": 32, "KV_LOAD": 2},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("K", "V"), **xpu)
+    register_xpu_compile(  # pages shorter than any tile: row gathers through pointers
+        _paged_attention_kernel, "prefill,fp16,D64,g8,P1,window,sinks,softcap",
         {**common, "q_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16", "out_ptr": "*fp16",
-         "Q_MAPPING": _SEARCH, "BLOCK_Q": 8, "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 64,
-         "PAGE_SIZE": 16, "HAS_SOFTCAP": True, "HAS_SINKS": True, "SPLIT_KV": False, "WRITE_LSE": True,
+         "Q_MAPPING": _SEARCH, "BLOCK_Q": 16, "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 64,
+         "PAGE_SIZE": 1, "HAS_SOFTCAP": True, "HAS_SINKS": True, "SPLIT_KV": False, "WRITE_LSE": True,
          "HOIST_GATHER": True},
-        dots=2, num_warps=4, op="paged_attention",
+        dots=2, num_warps=16, op="paged_attention", num_stages=2, grf_mode=_device.xpu_large_grf_mode(),
     )
-    register_xpu_compile(
+    register_xpu_compile(  # 8-bit K^T has no column-major 2D read (by design): V only
         _paged_attention_kernel, "decode,bf16,fp8-e4m3 KV,D128,g8,P128",
         {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
-         "HEADS_PER_BLOCK": 8, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True},
-        dots=2, num_warps=4, op="paged_attention",
+         "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("V",), **xpu,
+    )
+    register_xpu_compile(  # paged prefill, 16-token pages: 16-key tiles
+        _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
+         "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
         _paged_attention_kernel, "varlen,bf16,D128,g4,causal",
-        {**common, "BLOCK_Q": 32, "HEADS_PER_BLOCK": 4, "BLOCK_N": 64, "PAGE_SIZE": 0, "SPLIT_KV": False},
-        dots=2, num_warps=8, op="paged_attention",
+        {**common, "BLOCK_Q": 32, "HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "PAGE_SIZE": 0, "SPLIT_KV": False,
+         "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
     register_xpu_compile(  # DeepSeek MLA extend: D = 192, Dv = 128, LSE for merge_state_v2
         _paged_attention_kernel, "varlen,bf16,D192,Dv128,g1,causal,lse",
-        {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "BLOCK_D": 256, "BLOCK_DV": 128,
-         "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True},
-        dots=2, num_warps=8, op="paged_attention",
+        {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 256, "BLOCK_DV": 128,
+         "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True, "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
 
 
@@ -571,6 +625,29 @@ _UNSUPPORTED = {
     "cu_seqlens_k_new": "cu_seqlens_k_new (in-call cache append) is not supported",
     "q_descale": "q_descale is not supported: pass q in fp16/bf16/fp32",
 }
+
+
+def xpu_tiles(decode_like: bool, head_dim: int, page_size: int) -> dict:
+    """Tiles and launch options for Intel GPUs, chosen so the native code (triton-xpu 3.3 ->
+    ocloc, bench/results/xpu_codegen.md) reads K/V by 2D block reads and spills nothing at 256 GRF;
+    compiler facts, no Intel GPU timed them. Warps split the query rows, so each sub-group holds
+    the whole ``[D, BLOCK_N]`` K^T and ``[BLOCK_N, Dv]`` V tiles: 64-key tiles at D = 128 fill the
+    256-GRF file (~11 KB spilled at 1-32 warps), 32 keys do not (16 at D > 128). Pages of 16
+    tokens take 16-key tiles (a tile must lie in one page for the block pointers); shorter pages
+    gather rows through pointers. Used by the heuristic on XPU and by
+    ``autotune_configs/seed_xpu_configs.py`` for the shipped files."""
+    block_n = 32 if head_dim <= 128 else 16
+    if 16 <= page_size < block_n:
+        block_n = page_size
+    kv_block_ptr = page_size == 0 or page_size >= block_n
+    return dict(
+        BLOCK_N=block_n,
+        BLOCK_M=64 if decode_like or head_dim > 128 else 128,
+        num_warps=8 if decode_like else 16,
+        num_stages=1 if kv_block_ptr else 2,
+        grf_mode="256",
+        kv_block_ptr=kv_block_ptr,
+    )
 
 
 def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None) -> dict:
@@ -608,18 +685,23 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     # and 0.95x at 256 queries, which keep 64-row tiles; experiments/prefill_pages.txt)
     narrow_prefill = (not decode_like and head_dim <= 64 and page_size in (0, block_n)
                       and (max_q or 0) >= 1024)
-    return dict(
+    tiles = dict(
         BLOCK_N=block_n,
         BLOCK_M=128 if gather_prefill or narrow_prefill else 64,  # query rows (token x head) of a prefill tile
         num_warps=8 if gather_prefill or narrow_prefill else 4,
         num_stages=3 if kv_desc or narrow_prefill else 2,
+        grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
+    )
+    if _device.backend() == "xpu":
+        tiles = xpu_tiles(decode_like, head_dim, page_size)
+    return dict(
+        **tiles,
         # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
         # at 32k keys runs 1.18x faster on 128 splits than on 64; 32/8/128 at 1k 1.2x on 8 than 4)
         min_split_tokens=128,
         waves=2,  # aim for this many programs per compute unit when splitting
         max_splits=128,
         kv_desc=kv_desc,
-        grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
 
 
@@ -645,6 +727,18 @@ def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: di
             return None
         descriptors += found
     return tuple(descriptors)
+
+
+def _kv_load(page_size: int, config: dict, kv_descriptors) -> int:
+    """``KV_LOAD`` of a launch: 1 when K/V tensor descriptors were made (``_kv_descriptors``); 2,
+    block pointers, where the config asks for them (``kv_block_ptr``), Triton has them
+    (``device.block_pointers``) and every key tile lies in one page (or contiguous K/V); else 0,
+    pointer loads."""
+    if kv_descriptors is not None:
+        return 1
+    if config.get("kv_block_ptr") and _device.block_pointers() and (page_size == 0 or page_size >= config["BLOCK_N"]):
+        return 2
+    return 0
 
 
 def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
@@ -982,7 +1076,9 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     else:
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
         table_args = (page_table, page_table.stride(0), page_table.shape[1])
-    kv_descriptors = _kv_descriptors(k, v, page_size, config, device) or (None, None)
+    kv_descriptors = _kv_descriptors(k, v, page_size, config, device)
+    kv_load = _kv_load(page_size, config, kv_descriptors)
+    kv_descriptors = kv_descriptors or (None, None)
     lse_arg = lse if lse is not None else out
 
     def launch_args(partial_out, partial_lse, po_strides, pl_strides, num_kv_splits):
@@ -1026,10 +1122,14 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         HAS_V_DESCALE=v_scale is not None,
         WRITE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        KV_DESC=kv_descriptors[0] is not None,
+        KV_LOAD=kv_load,
         HOIST_GATHER=not decode_like,
         **tune.launch_options(config),
     )
+    if kv_load == 2 and _device.backend() == "xpu":
+        # triton-xpu 3.3's pipeliner asserts on block pointers whose address comes from a loaded
+        # page id (shared/notes/xpu_native.md): one stage
+        constexprs["num_stages"] = 1
 
     def split_partials(num_kv_splits: int, where):
         """Each split's normalised output [total_q, Hq, splits, Dv] and LSE [total_q, Hq, splits],
