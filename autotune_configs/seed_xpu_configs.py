@@ -28,6 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from triton_xpu_attn.device import normalize_device_key  # noqa: E402
+from triton_xpu_attn.ops.mla_decode import xpu_tiles as mla_xpu_tiles  # noqa: E402
 from triton_xpu_attn.ops.paged_attention import xpu_tiles  # noqa: E402
 from triton_xpu_attn.tune import bucket_key  # noqa: E402
 
@@ -55,13 +56,13 @@ SOURCE = (
     "Paged attention: tiles from triton_xpu_attn.ops.paged_attention.xpu_tiles, chosen on the native code "
     "(triton-xpu 3.3 -> ocloc; bench/results/xpu_codegen.md) for 2D block reads of K/V (block pointers over "
     "tiles inside one page, one stage) and no spill at grf_mode 256: 32-key tiles at head dim <= 128, 16 above "
-    "and at 16-token pages; 8 sub-groups for decode, 16 for 128-row prefill tiles (64 rows at head dim > 128). "
+    "and at 16-token pages and for fp8 caches; 8 sub-groups for decode (16 for fp8), 16 for 128-row prefill tiles "
+    "(64 rows at head dim > 128). "
     "Splits: about 2 work-groups per Xe-core (waves=2; Xe-cores = gpu_subslice_count), at least 4 tiles "
     "(256 tokens) per split and at most 32 splits (vllm-xpu-kernels get_num_splits caps). "
-    "MLA decode: BLOCK_H x BLOCK_DV fp32 accumulator kept at <= 8192 floats (64 GRF per thread at 8 "
-    "sub-groups of 16 lanes; vllm-xpu-kernels PR #541 splits V across the grid for head 512/576 after "
-    "spills cost 6-13x on B580), so BLOCK_H 16 x all 512 channels, or 32 rows x 256 channels; "
-    "BLOCK_N 32 (sglang/vLLM grouped MLA kernel), 8 sub-groups, grf_mode 256, 2 stages. "
+    "MLA decode: tiles from triton_xpu_attn.ops.mla_decode.xpu_tiles (no spill in the native code): 16 or 32 rows, "
+    "16-key tiles, output channels split across programs (128 at R = 512 over pages, 64 at R = 256 and over per-token "
+    "gathers), 8 sub-groups, grf_mode 256. "
     "grf_mode is written '256' (triton-xpu >= 3.6); the launcher respells it 'large' for older Triton. "
     "num_warps stays <= 32 with 256 GRF (the backend rejects more). sub_group_size is informational: "
     "DPAS needs 16 and the backend forces it. Sources: shared/notes/perf_anchors.md sections 1.2, 1.4, "
@@ -72,16 +73,14 @@ SOURCE = (
 def paged_config(d: int, g: int, p: int, q: str, dtype: str) -> dict:
     """Tiles from ``paged_attention.xpu_tiles`` (the XPU heuristic: 2D block reads, no spill in
     the native code), the XPU split policy on top."""
-    cfg = xpu_tiles(q == "decode", d, p)
+    cfg = xpu_tiles(q == "decode", d, p, dtype.startswith("float8"))
     cfg.update(waves=2, min_split_tokens=256, max_splits=32, sub_group_size=SUB_GROUP_SIZE)
     return cfg
 
 
-def mla_config(rows: int, r: int) -> dict:
-    block_r = max(16, 1 << (r - 1).bit_length())
-    block_h = 16 if rows <= 16 else 32
-    return dict(BLOCK_H=block_h, BLOCK_N=32, BLOCK_DV=min(block_r, 8192 // block_h), num_warps=8, num_stages=2,
-                grf_mode=LARGE_GRF, sub_group_size=SUB_GROUP_SIZE)
+def mla_config(rows: int, r: int, kv: str) -> dict:
+    """MLA decode tiles from ``mla_decode.xpu_tiles`` (no spill in the native code)."""
+    return dict(mla_xpu_tiles(rows, r, gather=kv == "gather"), sub_group_size=SUB_GROUP_SIZE)
 
 
 def file_for(name: str, info: dict) -> dict:
@@ -100,7 +99,7 @@ def file_for(name: str, info: dict) -> dict:
         for r in (512, 256):
             for dtype in Q_DTYPES:
                 for kv in ("page", "gather"):
-                    mla[bucket_key(dict(rows=rows, r=r, w=WORK, kv=kv, dtype=dtype))] = mla_config(rows, r)
+                    mla[bucket_key(dict(rows=rows, r=r, w=WORK, kv=kv, dtype=dtype))] = mla_config(rows, r, kv)
     return {
         "device_name": name,
         "device_key": normalize_device_key(name),

@@ -87,3 +87,17 @@ def test_merge_state_v2_rejects_bad_input():
         merge_state_v2(torch.zeros(2, 8, device=DEVICE), s, v, s)
     with pytest.raises(ValueError, match="v_merged"):
         merge_state_v2(v, s, v, s, v_merged=torch.zeros(2, 2, 4, device=DEVICE))
+
+
+def test_combine_tiling_spreads_a_tile_over_warps_on_xpu(monkeypatch):
+    """The split combine runs one warp a program on CUDA (latency-bound) and a warp per 512 floats
+    of its tile on XPU: one sub-group holding 64 x 64 floats spills there (native code,
+    bench/results/xpu_codegen.md)."""
+    from triton_xpu_attn import device as _device
+    from triton_xpu_attn.ops.merge_state import combine_tiling
+
+    for backend, warps in (("cuda", 1), ("xpu", 8)):
+        monkeypatch.setattr(_device, "backend", lambda b=backend: b)
+        block_dv, split_block, num_warps = combine_tiling(rows=16, num_splits=64, head_dim_v=64, compute_units=64)
+        assert (block_dv, split_block, num_warps) == (64, 64, warps)
+    assert combine_tiling(rows=16, num_splits=4, head_dim_v=64, compute_units=64)[2] == 1  # 256 floats: one warp

@@ -173,3 +173,30 @@ def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_d
     assert cfg["num_stages"] == (1 if fits else 2)
     if page_size >= 16:
         assert fits, "pages of 16+ tokens read K/V in 2D"
+
+
+@pytest.mark.parametrize("rows", [1, 16, 32, 64, 128])
+@pytest.mark.parametrize("latent", [256, 512])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_mla_xpu_tiles_keep_the_latent_tile_and_accumulator_small(rows, latent, ragged):
+    """MLA on XPU (heuristics and shipped files): 16-key latent tiles and at most 128 output
+    channels a program (the native code spills 2-96 KB with 32 keys or 256+ channels:
+    bench/results/xpu_native/tiles.txt), 16-32 rows, 256 GRF, at most 32 warps; the ragged
+    (prefill) mode and R = 256 take 64 channels."""
+    from triton_xpu_attn.ops.mla_decode import xpu_tiles
+
+    for gather in (False, True):
+        cfg = xpu_tiles(rows, latent, ragged, gather)
+        assert cfg["BLOCK_N"] == 16 and cfg["BLOCK_H"] in (16, 32)
+        assert cfg["BLOCK_DV"] == (128 if latent >= 512 and not ragged and not gather else 64)
+        assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32
+
+
+def test_xpu_tiles_decode_fp8_caches_on_16_warps():
+    """fp8 caches decode on 16-key tiles and 16 warps on XPU (32 keys on 8 warps spill 320-448 B
+    at D = 128: the 8-bit K^T beside its dequantised copy)."""
+    from triton_xpu_attn.ops.paged_attention import xpu_tiles
+
+    fp8 = xpu_tiles(True, 128, 64, fp8_kv=True)
+    assert (fp8["num_warps"], fp8["BLOCK_N"]) == (16, 16) and fp8["kv_block_ptr"]
+    assert xpu_tiles(True, 128, 64)["num_warps"] == 8

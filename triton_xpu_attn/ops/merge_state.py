@@ -150,7 +150,7 @@ register_xpu_compile(
         lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i64", sinks_ptr="*fp32", head_dim_v="i32",
         MAX_SPLITS=64, SPLIT_BLOCK=64, BLOCK_DV=64, HAS_SINKS=True, WRITE_LSE=True,
     ),
-    num_warps=1,
+    num_warps=8,  # as XPU launches a 64 x 64 tile (combine_tiling)
 )
 register_xpu_compile(
     _merge_state_kernel,
@@ -215,13 +215,16 @@ def combine_tiling(rows: int, num_splits: int, head_dim_v: int, compute_units: i
     narrowest slices (>= 64 channels) that keep the grid within 8 programs per compute unit, so a
     small batch spreads over the device instead of a few programs walking 512 channels (H200:
     B=1, H=16, 64 splits, Dv=512: 18.2 -> 7.2 us per graph replay; B=128, H=16, Dv=512 stays at
-    whole rows)."""
+    whole rows). On XPU the tile is spread over a warp per 512 floats: one sub-group holding a
+    64 x 64 tile spills 12.9 KB at 128 GRF (4.8 KB after the 256-GRF rebuild), 8 warps none
+    (bench/results/xpu_codegen.md)."""
     full = next_power_of_2(head_dim_v)
     block_dv = min(64, full)
     while block_dv < full and rows * cdiv(head_dim_v, block_dv) > 8 * compute_units:
         block_dv *= 2
     split_block = min(next_power_of_2(num_splits), max(1, 4096 // block_dv))
-    return block_dv, split_block, 1
+    num_warps = max(1, split_block * block_dv // 512) if _device.backend() == "xpu" else 1
+    return block_dv, split_block, num_warps
 
 
 def merge_state_v2(

@@ -335,39 +335,38 @@ def _register_compile_variants():
         RAGGED=False, CAUSAL=True,
         kv_desc=None, pe_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
     )
+    # as XPU launches them (xpu_tiles): 16-key tiles, output channels split across programs
     opts = dict(dots=3, op="mla_decode", num_warps=8, num_stages=2, grf_mode=_device.xpu_large_grf_mode())
-    register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16,split", deepseek, **opts)
+    tile = {"BLOCK_N": 16, "BLOCK_DV": 128}
+    register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16xDV128,split", {**deepseek, **tile}, **opts)
     register_xpu_compile(
-        _mla_decode_kernel, "bf16,H128,P64,BH32xDV256,single",
-        {**deepseek, "out_ptr": "*bf16", "BLOCK_H": 32, "BLOCK_DV": 256, "SPLIT": False, "WRITE_LSE": False}, **opts,
+        _mla_decode_kernel, "bf16,H128,P64,BH32xDV128,single",
+        {**deepseek, **tile, "out_ptr": "*bf16", "BLOCK_H": 32, "SPLIT": False, "WRITE_LSE": False}, **opts,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "bf16,H128,P64,BH64xDV128,split",
-        {**deepseek, "BLOCK_H": 64, "BLOCK_DV": 128}, **opts,
+        _mla_decode_kernel, "bf16,fp8-e4m3 cache,H16,P1,q_len2,BH32xDV128",
+        {**deepseek, **tile, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "Q_LEN": 2, "BLOCK_H": 32, "HAS_KV_SCALE": True}, **opts,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "bf16,fp8-e4m3 cache,H16,P1,q_len2",
-        {**deepseek, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "Q_LEN": 2, "BLOCK_H": 32, "BLOCK_DV": 256, "HAS_KV_SCALE": True}, **opts,
-    )
-    register_xpu_compile(
-        _mla_decode_kernel, "fp16,R256+32,H32,P16",
+        _mla_decode_kernel, "fp16,R256+32,H32,P16,BH32xDV64",
         {**deepseek, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
-         "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 256, "SPLIT": False}, **opts,
+         "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_N": 16, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 64, "SPLIT": False},
+        **opts,
     )
-    # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 256-channel tile, P=1 fp8 with LSE,
-    # and a non-causal fp16 variant with 64-row tiles
-    prefill = {**deepseek, "out_ptr": "*bf16", "stride_qn_b": "i32", "stride_qp_b": "i32", "BLOCK_H": 32, "BLOCK_DV": 256,
-               "SPLIT": False, "WRITE_LSE": False, "RAGGED": True}
+    # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 64-channel tile, P=1 fp8 with LSE,
+    # and a non-causal fp16 variant with 16-row tiles
+    prefill = {**deepseek, "out_ptr": "*bf16", "stride_qn_b": "i32", "stride_qp_b": "i32", "BLOCK_H": 32, "BLOCK_N": 16,
+               "BLOCK_DV": 64, "SPLIT": False, "WRITE_LSE": False, "RAGGED": True}
     prefill_opts = {**opts, "op": "mla_prefill"}
-    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV256,causal", prefill, **prefill_opts)
+    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV64,causal", prefill, **prefill_opts)
     register_xpu_compile(
-        _mla_decode_kernel, "prefill,bf16,fp8-e4m3 cache,P1,BH32xDV256,lse",
+        _mla_decode_kernel, "prefill,bf16,fp8-e4m3 cache,P1,BH32xDV64,lse",
         {**prefill, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "HAS_KV_SCALE": True, "WRITE_LSE": True}, **prefill_opts,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH64xDV128,non-causal",
+        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH16xDV64,non-causal",
         {**prefill, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
-         "PAGE_SIZE": 16, "BLOCK_H": 64, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 128, "CAUSAL": False}, **prefill_opts,
+         "PAGE_SIZE": 16, "BLOCK_H": 16, "BLOCK_R": 256, "BLOCK_DR": 32, "CAUSAL": False}, **prefill_opts,
     )
 
 
@@ -491,17 +490,30 @@ def flash_mla_get_workspace_size(
 flash_mla_decode_get_workspace_size = flash_mla_get_workspace_size
 
 
+def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False) -> dict:
+    """MLA tiles for Intel GPUs, chosen on the native code (triton-xpu 3.3 -> ocloc,
+    bench/results/xpu_codegen.md) so nothing spills at 256 GRF; compiler facts, no Intel GPU
+    timed them. The score dot reads the whole ``[R, BLOCK_N]`` latent tile per sub-group (warps
+    split the rows), so 16-key tiles; the output channels are split across programs
+    (``BLOCK_DV``): 128 for decode at R = 512 over pages, 64 for R = 256, per-token gathers
+    (pages shorter than 16 tokens: 576-1088 B at 128) and the ragged (prefill) mode.
+    The split repeats the score dot once per channel slice (4 or 8 times the QK work): the price
+    of no spill, not timed. Measured (bf16 R = 512 decode, 8 warps): 32-key tiles at 128 channels
+    2368 B, 256 channels 29-33 KB; 16 keys x 128 channels 0 B; before (32 keys, 256-512
+    channels) 14-96 KB (bench/results/xpu_native/tiles.txt). Used by the XPU heuristics of
+    ``flash_mla_decode`` / ``flash_mla_prefill`` and by ``autotune_configs/seed_xpu_configs.py``."""
+    wide = latent >= 512 and not ragged and not gather
+    return dict(BLOCK_H=16 if rows <= 16 else 32, BLOCK_N=16, BLOCK_DV=128 if wide else 64, num_warps=8,
+                num_stages=2, grf_mode="256")
+
+
 def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int, gather: bool) -> dict:
     backend = _device.backend()
     block_r = max(16, next_power_of_2(head_dim_v))
     if backend == "interpreter":
         return dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=1)
     if backend == "xpu":
-        # keep the BLOCK_H x BLOCK_DV fp32 accumulator at <= 8192 floats (64 GRF per thread at
-        # 8 sub-groups of 16 lanes) so Q, a KV tile and the scores fit the 256-GRF file
-        block_h = min(max(16, next_power_of_2(rows)), 32)
-        return dict(BLOCK_H=block_h, BLOCK_N=32, BLOCK_DV=min(block_r, 8192 // block_h), num_warps=8, num_stages=2,
-                    grf_mode="256")
+        return xpu_tiles(rows, head_dim_v, gather=gather)
     big = dtype == torch.float32
     if big:
         block_h = 16 if rows <= 16 else (32 if rows <= 32 else 64)

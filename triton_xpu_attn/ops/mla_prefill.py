@@ -63,6 +63,7 @@ from .mla_decode import (
     check_sm_scale,
     split_queries,
 )
+from .mla_decode import xpu_tiles as mla_xpu_tiles
 
 
 def flash_mla_prefill_get_workspace_size(
@@ -120,8 +121,7 @@ def _heuristic_config(head_dim_v: int, dtype: torch.dtype) -> dict:
     if backend == "interpreter":
         return dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=1)
     if backend == "xpu":
-        # as decode: a BLOCK_H x BLOCK_DV fp32 accumulator of <= 8192 floats fits the 256-GRF file
-        return dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=min(block_r, 8192 // 32), num_warps=8, num_stages=2, grf_mode="256")
+        return mla_xpu_tiles(32, head_dim_v, ragged=True)  # no spill in the native code (mla_decode.xpu_tiles)
     if dtype == torch.float32:
         return dict(BLOCK_H=32, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=1)
     # decode's tile at 64+ rows (H200/H100, R=512: 64 rows x 64 keys, 8 warps); whole-page key

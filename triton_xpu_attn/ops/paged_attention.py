@@ -564,7 +564,13 @@ def _register_compile_variants():
     register_xpu_compile(
         _paged_attention_kernel, "decode,bf16,D128,g4,P64,split", {**common, "BLOCK_N": 32, "KV_LOAD": 2},
         dots=2, num_warps=8, op="paged_attention", block_2d=("K", "V"), **xpu)
-    register_xpu_compile(  # pages shorter than any tile: row gathers through pointers
+    register_xpu_compile(  # paged prefill, 16-token pages: 16-key tiles (config files compile on this one)
+        _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
+         "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
+    )
+    register_xpu_compile(  # pages shorter than any tile: row gathers through pointers; softcap, sinks, window
         _paged_attention_kernel, "prefill,fp16,D64,g8,P1,window,sinks,softcap",
         {**common, "q_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16", "out_ptr": "*fp16",
          "Q_MAPPING": _SEARCH, "BLOCK_Q": 16, "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 64,
@@ -575,14 +581,8 @@ def _register_compile_variants():
     register_xpu_compile(  # 8-bit K^T has no column-major 2D read (by design): V only
         _paged_attention_kernel, "decode,bf16,fp8-e4m3 KV,D128,g8,P128",
         {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
-         "HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2},
-        dots=2, num_warps=8, op="paged_attention", block_2d=("V",), **xpu,
-    )
-    register_xpu_compile(  # paged prefill, 16-token pages: 16-key tiles
-        _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal",
-        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
-         "HOIST_GATHER": True, "KV_LOAD": 2},
-        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
+         "HEADS_PER_BLOCK": 8, "BLOCK_N": 16, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("V",), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
@@ -627,30 +627,33 @@ _UNSUPPORTED = {
 }
 
 
-def xpu_tiles(decode_like: bool, head_dim: int, page_size: int) -> dict:
+def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = False) -> dict:
     """Tiles and launch options for Intel GPUs, chosen so the native code (triton-xpu 3.3 ->
     ocloc, bench/results/xpu_codegen.md) reads K/V by 2D block reads and spills nothing at 256 GRF;
     compiler facts, no Intel GPU timed them. Warps split the query rows, so each sub-group holds
     the whole ``[D, BLOCK_N]`` K^T and ``[BLOCK_N, Dv]`` V tiles: 64-key tiles at D = 128 fill the
     256-GRF file (~11 KB spilled at 1-32 warps), 32 keys do not (16 at D > 128). Pages of 16
     tokens take 16-key tiles (a tile must lie in one page for the block pointers); shorter pages
-    gather rows through pointers. Used by the heuristic on XPU and by
+    gather rows through pointers. fp8 caches take 16-key tiles on 16 warps (32 keys on 8 warps
+    spill 320 B at D = 128, 448 B at 64 packed heads: the dequantised K^T beside the 8-bit one).
+    Used by the heuristic on XPU and by
     ``autotune_configs/seed_xpu_configs.py`` for the shipped files."""
-    block_n = 32 if head_dim <= 128 else 16
+    block_n = 32 if head_dim <= 128 and not fp8_kv else 16
     if 16 <= page_size < block_n:
         block_n = page_size
     kv_block_ptr = page_size == 0 or page_size >= block_n
     return dict(
         BLOCK_N=block_n,
         BLOCK_M=64 if decode_like or head_dim > 128 else 128,
-        num_warps=8 if decode_like else 16,
+        num_warps=8 if decode_like and not fp8_kv else 16,
         num_stages=1 if kv_block_ptr else 2,
         grf_mode="256",
         kv_block_ptr=kv_block_ptr,
     )
 
 
-def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None) -> dict:
+def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None,
+                      fp8_kv: bool = False) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
     batch wants long tiles over many splits, a full one shorter tiles; prefill on the H100,
     bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_tiles.txt and prefill_desc.txt)."""
@@ -693,7 +696,7 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
     if _device.backend() == "xpu":
-        tiles = xpu_tiles(decode_like, head_dim, page_size)
+        tiles = xpu_tiles(decode_like, head_dim, page_size, fp8_kv)
     return dict(
         **tiles,
         # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
@@ -1045,7 +1048,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
              q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, page_size, max_q),
+        _heuristic_config(decode_like, head_dim, work, page_size, max_q, k.dtype in FP8_DTYPES),
         device=device,
         fallback=fallback,
         # prefill tiles keep Q and 2-3 stages of K/V tiles in shared memory: one tuned at D = 128
