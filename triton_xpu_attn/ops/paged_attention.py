@@ -123,6 +123,26 @@ def _block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, B
 
 
 @triton.jit
+def _query_rows_block(base, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_t, stride_h, width,
+                      BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Block pointer over a program's ``[BLOCK_Q * HEADS_PER_BLOCK, width]`` rows of q (or out)
+    where they form a plain 2D block: one token's heads (``BLOCK_Q = 1``: rows past the KV head's
+    group are out of bounds) or one head's tokens (``HEADS_PER_BLOCK = 1``: rows past the request
+    are out of bounds). Out-of-bounds rows read 0 and are never written."""
+    if BLOCK_Q == 1:
+        first_head = kv_head * group_size
+        block = tl.make_block_ptr(base + (q_start + q_tile).to(tl.int64) * stride_t, shape=(first_head + group_size, width),
+                                  strides=(stride_h, 1), offsets=(first_head + head_block * HEADS_PER_BLOCK, 0),
+                                  block_shape=(HEADS_PER_BLOCK, BLOCK_W), order=(1, 0))
+    else:
+        head = kv_head * group_size + head_block
+        block = tl.make_block_ptr(base + head.to(tl.int64) * stride_h, shape=(q_start + q_len, width),
+                                  strides=(stride_t, 1), offsets=(q_start + q_tile * BLOCK_Q, 0),
+                                  block_shape=(BLOCK_Q, BLOCK_W), order=(1, 0))
+    return block
+
+
+@triton.jit
 def _tile(
     q, acc, m_i, l_i, n0, kv_start, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
     pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
@@ -389,11 +409,19 @@ def _paged_attention_kernel(
     q_row = q_tile * BLOCK_Q + rows // HEADS_PER_BLOCK  # query index inside the request
     row_valid = (q_row < q_len) & (head_in_group < group_size)
     token = (q_start + q_row).to(tl.int64)  # row of q / out
-    q = tl.load(
-        q_ptr + token[:, None] * stride_q_t + q_head[:, None] * stride_q_h + d[None, :],
-        mask=row_valid[:, None] & (d[None, :] < head_dim),
-        other=0.0,
-    )
+    # with block-pointer K/V (XPU) q and out go through block pointers where the program's rows
+    # form a plain 2D block (2D block IO; Q arrives in the dot's layout without an SLM round trip)
+    QO_BLOCK: tl.constexpr = KV_LOAD == 2 and (BLOCK_Q == 1 or HEADS_PER_BLOCK == 1)
+    if QO_BLOCK:
+        q = tl.load(_query_rows_block(q_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_q_t,
+                                      stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_D),
+                    boundary_check=(0, 1), padding_option="zero")
+    else:
+        q = tl.load(
+            q_ptr + token[:, None] * stride_q_t + q_head[:, None] * stride_q_h + d[None, :],
+            mask=row_valid[:, None] & (d[None, :] < head_dim),
+            other=0.0,
+        )
 
     # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
     if CONTIGUOUS_KV:
@@ -525,11 +553,16 @@ def _paged_attention_kernel(
             acc = acc * rescale[:, None]
             m_i = tl.where(has_key, m_f, m_i)
         o = acc * (v_scale / tl.where(has_key, l_i, 1.0))[:, None]
-        tl.store(
-            out_ptr + token[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=row_valid[:, None] & (dv[None, :] < head_dim_v),
-        )
+        if QO_BLOCK:
+            tl.store(_query_rows_block(out_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_o_t,
+                                       stride_o_h, head_dim_v, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV),
+                     o.to(out_ptr.dtype.element_ty), boundary_check=(0, 1))
+        else:
+            tl.store(
+                out_ptr + token[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=row_valid[:, None] & (dv[None, :] < head_dim_v),
+            )
         if WRITE_LSE:
             lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
             tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t, lse, mask=row_valid)
@@ -561,9 +594,10 @@ def _register_compile_variants():
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
     xpu = dict(num_stages=1, grf_mode=_device.xpu_large_grf_mode())
-    register_xpu_compile(
-        _paged_attention_kernel, "decode,bf16,D128,g4,P64,split", {**common, "BLOCK_N": 32, "KV_LOAD": 2},
-        dots=2, num_warps=8, op="paged_attention", block_2d=("K", "V"), **xpu)
+    register_xpu_compile(  # one query: the group's 4 heads padded to a 16-row block (q/out in 2D too)
+        _paged_attention_kernel, "decode,bf16,D128,g4,P64,split",
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 32, "KV_LOAD": 2},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
     register_xpu_compile(  # paged prefill, 16-token pages: 16-key tiles (config files compile on this one)
         _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal",
         {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
@@ -595,7 +629,7 @@ def _register_compile_variants():
         _paged_attention_kernel, "varlen,bf16,D192,Dv128,g1,causal,lse",
         {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 256, "BLOCK_DV": 128,
          "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True, "HOIST_GATHER": True, "KV_LOAD": 2},
-        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
+        dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "K", "V"), **xpu,
     )
 
 
@@ -1056,6 +1090,12 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         # Decode keeps the nearest entry (that rule there: 0.87-1.51x, experiments/size_fields.txt)
         no_larger=() if decode_like else ("d", "dv"),
     )
+    if config.get("kv_block_ptr") and max_q == 1:
+        # one query a request: 16+ heads a tile (past the group: out of bounds) instead of a few
+        # heads times padded tokens, so q and out are plain 2D blocks (the kernel's QO_BLOCK: 2D
+        # block IO, no layout conversion through SLM; XPU native code: bench/results/xpu_codegen.md)
+        heads_per_block = max(heads_per_block, 16)
+        num_head_blocks = cdiv(group_size, heads_per_block)
     block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 
     # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
