@@ -15,10 +15,12 @@ def test_reference_hand_example():
     # equal LSEs average the values; the merged LSE is log(2 e^0) = log 2
     v, s = ref.merge_state_v2(torch.tensor([[[1.0, 3.0]]]), torch.tensor([[0.0]]), torch.tensor([[[3.0, 5.0]]]), torch.tensor([[0.0]]))
     assert v.tolist() == [[[2.0, 4.0]]] and s.item() == pytest.approx(math.log(2))
-    # an empty state (LSE -inf or +inf or NaN) contributes nothing
+    # an empty state (LSE -inf or +inf or NaN) contributes nothing, whatever its value holds
     for empty in (-math.inf, math.inf, math.nan):
-        v, s = ref.merge_state_v2(torch.tensor([[[1.0]]]), torch.tensor([[empty]]), torch.tensor([[[7.0]]]), torch.tensor([[1.5]]))
-        assert v.item() == 7.0 and s.item() == 1.5
+        for value in (1.0, math.nan, math.inf):
+            v, s = ref.merge_state_v2(torch.tensor([[[value]]]), torch.tensor([[empty]]), torch.tensor([[[7.0]]]),
+                                      torch.tensor([[1.5]]))
+            assert v.item() == 7.0 and s.item() == 1.5
     v, s = ref.merge_state_v2(torch.tensor([[[1.0]]]), torch.tensor([[-math.inf]]), torch.tensor([[[7.0]]]), torch.tensor([[-math.inf]]))
     assert v.item() == 0.0 and s.item() == -math.inf
 
@@ -35,6 +37,10 @@ def test_merge_state_v2_matches_reference(n, h, dv, dtype, seed, transposed_lse,
         s_a[0] = -math.inf
         s_b[0, 0] = -math.inf
         s_b[-1] = math.inf
+        # an empty state is ignored whatever its value holds (a freed buffer may hold NaN / inf)
+        v_a[0] = math.nan
+        v_b[0, 0] = math.inf
+        v_b[-1] = math.nan
     if transposed_lse:  # sglang passes lse.T of an [H, N] tensor
         s_a, s_b = s_a.T.contiguous().T, s_b.T.contiguous().T
     v_ref, s_ref = ref.merge_state_v2(v_a, s_a, v_b, s_b)

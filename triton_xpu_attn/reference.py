@@ -159,7 +159,8 @@ def varlen_attention(
 def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     """Merge two attention states (base e): ``v_a, v_b [N, H, Dv]``, ``s_a, s_b [N, H]``.
 
-    Non-finite LSEs count as ``-inf`` (an empty state). Both empty -> ``v = 0``, ``s = -inf``.
+    Non-finite LSEs count as ``-inf`` (an empty state), whose value is ignored whatever it holds
+    (NaN included). Both empty -> ``v = 0``, ``s = -inf``.
     """
     s_a = s_a.to(dtype)
     s_b = s_b.to(dtype)
@@ -171,7 +172,10 @@ def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     w_b = torch.exp(s_b - m_safe)
     d = w_a + w_b
     d_safe = torch.where(d > 0, d, torch.ones_like(d))
-    v = (v_a.to(dtype) * w_a[..., None] + v_b.to(dtype) * w_b[..., None]) / d_safe[..., None]
+    # an empty state (weight 0) adds nothing whatever its value holds (0 * NaN would be NaN)
+    part_a = torch.where(w_a[..., None] > 0, v_a.to(dtype) * w_a[..., None], torch.zeros((), dtype=dtype))
+    part_b = torch.where(w_b[..., None] > 0, v_b.to(dtype) * w_b[..., None], torch.zeros((), dtype=dtype))
+    v = (part_a + part_b) / d_safe[..., None]
     s = torch.where(d > 0, torch.log(d_safe) + m_safe, torch.full_like(d, -math.inf))
     return v, s
 

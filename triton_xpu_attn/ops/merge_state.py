@@ -136,7 +136,8 @@ def _merge_state_kernel(
     mask = d < head_dim
     v_a = tl.load(v_a_ptr + n * stride_va_n + h * stride_va_h + d, mask=mask, other=0.0).to(tl.float32)
     v_b = tl.load(v_b_ptr + n * stride_vb_n + h * stride_vb_h + d, mask=mask, other=0.0).to(tl.float32)
-    v = v_a * w_a + v_b * w_b
+    # a state of weight 0 (empty: LSE -inf) adds nothing whatever its value holds (0 * NaN is NaN)
+    v = tl.where(w_a > 0, v_a * w_a, 0.0) + tl.where(w_b > 0, v_b * w_b, 0.0)
     tl.store(v_out_ptr + n * stride_vo_n + h * stride_vo_h + d, v.to(v_out_ptr.dtype.element_ty), mask=mask)
     tl.store(s_out_ptr + n * stride_so_n + h * stride_so_h, merged)
 
