@@ -189,3 +189,57 @@ def test_tuner_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "triton_xpu_attn.tune", "--help"], capture_output=True, text=True,
                             cwd=pathlib.Path(__file__).resolve().parents[1])
     assert result.returncode == 0 and "--only" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("entry, what", [
+    ({"BLOCK_N": 0}, "BLOCK_N"), ({"BLOCK_N": 48}, "BLOCK_N"), ({"BLOCK_N": "64"}, "BLOCK_N"),
+    ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"), ({"kv_desc": "yes"}, "kv_desc"),
+    ({"BLOCK_DV": 48}, "BLOCK_DV"), ({"grf_mode": "huge"}, "grf_mode"), ([64, 4], "object"),
+])
+def test_malformed_entry_is_skipped_with_one_warning_naming_file_and_bucket(config_file, entry, what):
+    """A bad entry never reaches a kernel (a Triton compile error) nor raises a bare TypeError:
+    it is skipped with one warning naming the file, the op and the bucket; the heuristic serves."""
+    bucket = tune.bucket_key(_fields())
+    config_file({bucket: entry})
+    with pytest.warns(tune.ConfigFileWarning) as record:
+        got = tune.lookup("paged_attention", _fields(), HEURISTIC)
+    assert got == HEURISTIC and tune.LAST_SOURCE["paged_attention"] == "heuristic"
+    message = str(record[0].message)
+    assert "FAKE_GPU.json" in message and f"paged_attention[{bucket}]" in message and what in message
+    tune._MEMO.clear()
+    import warnings as _w
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        tune.lookup("paged_attention", _fields(), HEURISTIC)  # warned once per file and entry
+
+
+def test_malformed_entry_leaves_the_good_ones_in_use(config_file):
+    good = tune.bucket_key(_fields(w=16))
+    config_file({tune.bucket_key(_fields()): {"BLOCK_N": 48}, good: {"BLOCK_N": 32}})
+    with pytest.warns(tune.ConfigFileWarning):
+        got = tune.lookup("paged_attention", _fields(), HEURISTIC)
+    assert got["BLOCK_N"] == 32 and "nearest" in tune.LAST_SOURCE["paged_attention"]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"ops": []}', '{"ops": {"paged_attention": [1]}}'])
+def test_malformed_file_is_skipped_with_one_warning_naming_it(config_file, tmp_path, text):
+    """Truncated or empty JSON, a list instead of an object, an op that is not an object of
+    entries: the file is skipped with a warning naming it (the next file or the heuristic serves)."""
+    config_file({})
+    (tmp_path / "cuda" / "FAKE_GPU.json").write_text(text)
+    tune.clear_cache()
+    with pytest.warns(tune.ConfigFileWarning, match="FAKE_GPU.json"):
+        got = tune.lookup("paged_attention", _fields(), HEURISTIC)
+    assert got == HEURISTIC
+
+
+def test_shipped_config_files_are_well_formed():
+    """Every entry of every shipped file passes the same check the lookup applies."""
+    import pathlib
+
+    files = sorted((pathlib.Path(__file__).resolve().parent.parent / "autotune_configs").glob("*/*.json"))
+    assert files
+    for path in files:
+        for op, table in json.loads(path.read_text())["ops"].items():
+            for bucket, entry in table.items():
+                assert tune.entry_problem(entry) is None, f"{path.name}: {op}[{bucket}]: {tune.entry_problem(entry)}"

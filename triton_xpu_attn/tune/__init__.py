@@ -19,6 +19,7 @@ import json
 import math
 import os
 import pathlib
+import warnings
 
 from .. import device as _device
 
@@ -56,19 +57,81 @@ def config_file_candidates(backend: str, key: str) -> list[tuple[str, pathlib.Pa
     return found
 
 
+class ConfigFileWarning(UserWarning):
+    """A config file or one of its entries is malformed: it is skipped (next file, or the heuristic)."""
+
+
+#: (file, key) pairs already warned about: one warning each per process
+_WARNED: set = set()
+
+
+def _warn(path, key: str, problem: str) -> None:
+    if (str(path), key) not in _WARNED:
+        _WARNED.add((str(path), key))
+        warnings.warn(f"config file {path}: {key}: {problem}; skipped (the built-in heuristic serves instead)",
+                      ConfigFileWarning, stacklevel=4)
+
+
+#: knobs a config entry may set, and what each must be (others, e.g. notes, are ignored)
+_POW2_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "num_warps")  # powers of two, BLOCK_* at least 16
+_POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size")
+_BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "kept_heuristic")
+_GRF_MODES = (None, "small", "large", "256", "auto", "default")
+
+
+def entry_problem(entry) -> str | None:
+    """What is wrong with a config entry (``None`` when it is usable): an object whose tile sizes
+    and warps are powers of two (tiles >= 16, ``BLOCK_DV`` 0 = all channels), counts positive
+    ints, switches booleans and ``grf_mode`` one Intel's Triton knows."""
+    if not isinstance(entry, dict):
+        return f"expected an object of knobs, got {type(entry).__name__}"
+    for k, v in entry.items():
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        if k in _POW2_KNOBS:
+            low = 16 if k.startswith("BLOCK_") else 1
+            if not is_int or v < low or v & (v - 1):
+                return f"{k} must be a power of two >= {low}, got {v!r}"
+        elif k == "BLOCK_DV":
+            if not is_int or v < 0 or (v and (v < 16 or v & (v - 1))):
+                return f"BLOCK_DV must be 0 (all channels) or a power of two >= 16, got {v!r}"
+        elif k in _POSITIVE_KNOBS:
+            if not is_int or v < 1:
+                return f"{k} must be a positive int, got {v!r}"
+        elif k in _BOOL_KNOBS:
+            if not isinstance(v, bool):
+                return f"{k} must be true or false, got {v!r}"
+        elif k == "grf_mode" and v not in _GRF_MODES:
+            return f"grf_mode must be one of {_GRF_MODES}, got {v!r}"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _load(path: str) -> dict | None:
+    """A config file's contents, or None where it is missing or malformed (not JSON, not an
+    object, ``"ops"`` not an object of objects: one warning naming the file)."""
     p = pathlib.Path(path)
     if not p.is_file():
         return None
-    with p.open() as f:
-        return json.load(f)
+    try:
+        with p.open() as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        _warn(p, "file", f"not a readable JSON file ({type(e).__name__}: {e})")
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("ops", {}), dict):
+        _warn(p, "file", 'expected a JSON object with an "ops" object')
+        return None
+    for op, table in data.get("ops", {}).items():
+        if not isinstance(table, dict):
+            _warn(p, f"ops.{op}", "expected an object of bucket entries")
+    return data
 
 
 def clear_cache() -> None:
-    """Forget loaded files and memoised lookups (after writing or changing config files)."""
+    """Forget loaded files, memoised lookups and warnings given (after writing or changing config files)."""
     _load.cache_clear()
     _MEMO.clear()
+    _WARNED.clear()
 
 
 def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dict | None = None,
@@ -164,15 +227,25 @@ def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | Non
             if not data:
                 continue
             table = data.get("ops", {}).get(op, {})
+            if not isinstance(table, dict):
+                continue  # warned when the file was loaded
+            # malformed entries are skipped, each with one warning naming the file and the bucket
+            usable = {}
+            for bucket, entry in table.items():
+                problem = entry_problem(entry)
+                if problem is None:
+                    usable[bucket] = entry
+                else:
+                    _warn(path, f"ops.{op}[{bucket}]", problem)
             for want in wanted:
                 bucket = bucket_key(want)
-                if bucket in table:
-                    return {**heuristic, **table[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
-                near = nearest_bucket(table, want, no_larger)
+                if bucket in usable:
+                    return {**heuristic, **usable[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
+                near = nearest_bucket(usable, want, no_larger)
                 if near is not None:
-                    return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
-            if "default" in table:
-                return {**heuristic, **table["default"]}, f"{kind}:{path.name} (default)"
+                    return {**heuristic, **usable[near]}, f"{kind}:{path.name} (nearest: {near})"
+            if "default" in usable:
+                return {**heuristic, **usable["default"]}, f"{kind}:{path.name} (default)"
     return dict(heuristic), "heuristic"
 
 
