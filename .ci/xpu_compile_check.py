@@ -307,9 +307,7 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
     if "p" in fields:
         out["PAGE_SIZE"] = 0 if q == "varlen" else int(fields["p"])
     if "g" in fields:
-        heads = min(_pow2(fields["g"]), 64)
-        if cfg.get("kv_block_ptr") and q == "decode":
-            heads = max(heads, 16)  # as the launcher pads one-query tiles to 16 heads with block pointers
+        heads = paged_attention.query_heads_per_block(fields["g"], 1 if q == "decode" else None, cfg)
         out["HEADS_PER_BLOCK"] = heads
         block_q = 1 if decode_like else max(1, int(cfg.get("BLOCK_M", 64)) // heads)
         out["BLOCK_Q"] = max(block_q, 16 // heads)  # tl.dot needs M >= 16

@@ -766,6 +766,18 @@ def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: di
     return tuple(descriptors)
 
 
+def query_heads_per_block(group_size: int, max_q: int | None, config: dict | None = None) -> int:
+    """Query heads one program packs as rows (``HEADS_PER_BLOCK``): the group's, rounded up to a
+    power of two, at most 64. With block-pointer K/V (``kv_block_ptr``) and one query a request,
+    at least 16 (heads past the group are out of bounds) instead of a few heads times padded
+    tokens, so q and out are plain 2D blocks (the kernel's ``QO_BLOCK``: 2D block IO, no layout
+    conversion through SLM; XPU native code: bench/results/xpu_codegen.md)."""
+    heads = min(next_power_of_2(group_size), 64)
+    if config is not None and config.get("kv_block_ptr") and max_q == 1:
+        heads = max(heads, 16)
+    return heads
+
+
 def _kv_load(page_size: int, config: dict, kv_descriptors) -> int:
     """``KV_LOAD`` of a launch: 1 when K/V tensor descriptors were made (``_kv_descriptors``); 2,
     block pointers, where the config asks for them (``kv_block_ptr``), Triton has them
@@ -1054,7 +1066,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
 
     # ---- tiling: (token, head) rows of one KV head's query group ----
     decode_like = max_q is not None and max_q <= 16
-    heads_per_block = min(next_power_of_2(group_size), 64)
+    heads_per_block = query_heads_per_block(group_size, max_q)
     num_head_blocks = cdiv(group_size, heads_per_block)
 
     def query_tiling(block_m: int) -> tuple[int, int, int]:
@@ -1090,12 +1102,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         # Decode keeps the nearest entry (that rule there: 0.87-1.51x, experiments/size_fields.txt)
         no_larger=() if decode_like else ("d", "dv"),
     )
-    if config.get("kv_block_ptr") and max_q == 1:
-        # one query a request: 16+ heads a tile (past the group: out of bounds) instead of a few
-        # heads times padded tokens, so q and out are plain 2D blocks (the kernel's QO_BLOCK: 2D
-        # block IO, no layout conversion through SLM; XPU native code: bench/results/xpu_codegen.md)
-        heads_per_block = max(heads_per_block, 16)
-        num_head_blocks = cdiv(group_size, heads_per_block)
+    heads_per_block = query_heads_per_block(group_size, max_q, config)  # the config may ask for 2D q / out
+    num_head_blocks = cdiv(group_size, heads_per_block)
     block_q, num_q_programs, tiles_per_request = query_tiling(config["BLOCK_M"])
 
     # ---- KV splits: from shapes only (no host sync); refined per request on the device ----

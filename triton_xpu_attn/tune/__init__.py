@@ -61,15 +61,10 @@ class ConfigFileWarning(UserWarning):
     """A config file or one of its entries is malformed: it is skipped (next file, or the heuristic)."""
 
 
-#: (file, key) pairs already warned about: one warning each per process
-_WARNED: set = set()
-
-
 def _warn(path, key: str, problem: str) -> None:
-    if (str(path), key) not in _WARNED:
-        _WARNED.add((str(path), key))
-        warnings.warn(f"config file {path}: {key}: {problem}; skipped (the built-in heuristic serves instead)",
-                      ConfigFileWarning, stacklevel=4)
+    """One warning per malformed file or entry: files are read once (``_load`` is cached)."""
+    warnings.warn(f"config file {path}: {key}: {problem}; skipped (the built-in heuristic serves instead)",
+                  ConfigFileWarning, stacklevel=5)
 
 
 #: knobs a config entry may set, and what each must be (others, e.g. notes, are ignored)
@@ -108,7 +103,9 @@ def entry_problem(entry) -> str | None:
 @functools.lru_cache(maxsize=None)
 def _load(path: str) -> dict | None:
     """A config file's contents, or None where it is missing or malformed (not JSON, not an
-    object, ``"ops"`` not an object of objects: one warning naming the file)."""
+    object, ``"ops"`` not an object: one warning naming the file). An op that is not an object of
+    entries, and each malformed entry (``entry_problem``), is dropped with one warning naming the
+    file and the key, so lookups only ever see usable entries."""
     p = pathlib.Path(path)
     if not p.is_file():
         return None
@@ -121,17 +118,25 @@ def _load(path: str) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("ops", {}), dict):
         _warn(p, "file", 'expected a JSON object with an "ops" object')
         return None
+    ops = {}
     for op, table in data.get("ops", {}).items():
         if not isinstance(table, dict):
             _warn(p, f"ops.{op}", "expected an object of bucket entries")
-    return data
+            continue
+        ops[op] = {}
+        for bucket, entry in table.items():
+            problem = entry_problem(entry)
+            if problem is None:
+                ops[op][bucket] = entry
+            else:
+                _warn(p, f"ops.{op}[{bucket}]", problem)
+    return {**data, "ops": ops}
 
 
 def clear_cache() -> None:
-    """Forget loaded files, memoised lookups and warnings given (after writing or changing config files)."""
+    """Forget loaded files and memoised lookups (after writing or changing config files)."""
     _load.cache_clear()
     _MEMO.clear()
-    _WARNED.clear()
 
 
 def lookup(op: str, fields: dict, heuristic: dict, *, device=None, fallback: dict | None = None,
@@ -226,26 +231,16 @@ def _lookup(op: str, fields: dict, heuristic: dict, device, fallback: dict | Non
             data = _load(str(path))
             if not data:
                 continue
-            table = data.get("ops", {}).get(op, {})
-            if not isinstance(table, dict):
-                continue  # warned when the file was loaded
-            # malformed entries are skipped, each with one warning naming the file and the bucket
-            usable = {}
-            for bucket, entry in table.items():
-                problem = entry_problem(entry)
-                if problem is None:
-                    usable[bucket] = entry
-                else:
-                    _warn(path, f"ops.{op}[{bucket}]", problem)
+            table = data["ops"].get(op, {})  # usable entries only (_load dropped the rest)
             for want in wanted:
                 bucket = bucket_key(want)
-                if bucket in usable:
-                    return {**heuristic, **usable[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
-                near = nearest_bucket(usable, want, no_larger)
+                if bucket in table:
+                    return {**heuristic, **table[bucket]}, f"{kind}:{path.name}" + ("" if want is fields else f" (as {bucket})")
+                near = nearest_bucket(table, want, no_larger)
                 if near is not None:
-                    return {**heuristic, **usable[near]}, f"{kind}:{path.name} (nearest: {near})"
-            if "default" in usable:
-                return {**heuristic, **usable["default"]}, f"{kind}:{path.name} (default)"
+                    return {**heuristic, **table[near]}, f"{kind}:{path.name} (nearest: {near})"
+            if "default" in table:
+                return {**heuristic, **table["default"]}, f"{kind}:{path.name} (default)"
     return dict(heuristic), "heuristic"
 
 
