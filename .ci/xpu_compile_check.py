@@ -194,12 +194,11 @@ ALIGNED = re.compile(r"^(stride_(q|k|v|o|kv|qn|qp|po)_\w+|head_dim(_v)?)$")
 #: is missed there, and the gate stops any growth. Measured alternatives:
 #: bench/results/xpu_native/tiles.txt. Everything else: 0.
 SPILL_ALLOWANCE = [
-    ("_paged_attention_kernel", lambda c, label: c.get("BLOCK_D", 0) > 128 and "fp8" not in label, 8 * 1024,
-     "head dim 192/256 where q is not a 2D block (GQA prefill tiles of several tokens: 4.3-7.0 KB; 16-key tiles at "
-     "8-32 warps, 16-128 rows still spill): needs the head dim split across the score dot, not made"),
-    ("_paged_attention_kernel", lambda c, label: c.get("BLOCK_D", 0) > 128 and "fp8" in label, 10 * 1024,
-     "head dim 256 over an fp8 cache (8.4-8.8 KB at 8-32 warps: the 8-bit K^T gathered beside its dequantised copy; "
-     "4.4-5.2 KB with q by pointers, 14.4 KB without block pointers): as above"),
+    ("_paged_attention_kernel", lambda c, label: c.get("BLOCK_D", 0) > 128 and "fp8" in label, 6 * 1024,
+     "head dim 256 over an fp8 cache: the 8-bit K^T has no 2D read and is gathered beside its 16-bit copy "
+     "(8.4-8.8 KB at 8-32 warps with one score dot). With the score dot in 128-column chunks on 32-key tiles: "
+     "pvc 0 B, bmg 1.2-1.4 KB (its byte gathers; 64-column chunks and 8-32 warps the same); 16-key tiles "
+     "(16-token pages: a block-pointer tile lies in one page) 4.5-4.6 KB"),
 ]
 
 
@@ -313,6 +312,7 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
         out["BLOCK_Q"] = max(block_q, 16 // heads)  # tl.dot needs M >= 16
     out["HOIST_GATHER"] = not decode_like
     out["KV_LOAD"] = paged_attention._kv_load(out["PAGE_SIZE"], {"BLOCK_N": out["BLOCK_N"], **cfg}, None)
+    out["SCORE_CHUNK"] = paged_attention.score_chunk(cfg, out["KV_LOAD"], out["BLOCK_D"])
     if out["KV_LOAD"] == 2:
         out["num_stages"] = 1
     return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}

@@ -16,13 +16,22 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 #: the K/V loads a paged-attention config can ask for: masked pointers, host tensor descriptors
 #: (whole tiles; Triton >= 3.4) and block pointers (every tile inside one page, visible rows
-#: through the boundary check: the XPU path; Triton < 3.9, so compiled runs and older interpreters)
-KV_LOADS = ["pointer", "descriptor"] + (["block_ptr"] if _device.block_pointers() else [])
+#: through the boundary check: the XPU path; Triton < 3.9, so compiled runs and older interpreters),
+#: these also with the XPU tile options: the score dot over 16-column head-dim chunks, and one
+#: head's tokens per program (``pack_gqa`` off)
+KV_LOADS = ["pointer", "descriptor"] + (
+    ["block_ptr", "block_ptr_chunks", "block_ptr_one_head"] if _device.block_pointers() else [])
 
 
 def kv_load_config(kv_load: str) -> dict:
     """The config keys that ask for ``kv_load`` (one of ``KV_LOADS``)."""
-    return dict(kv_desc=kv_load == "descriptor", kv_block_ptr=kv_load == "block_ptr")
+    block_ptr = kv_load.startswith("block_ptr")
+    config = dict(kv_desc=kv_load == "descriptor", kv_block_ptr=block_ptr)
+    if kv_load == "block_ptr_chunks":
+        config["score_chunk"] = 16
+    if kv_load == "block_ptr_one_head":
+        config.update(pack_gqa=False, score_chunk=32)
+    return config
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,4 @@
+import contextlib
 import math
 
 import pytest
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from helpers import DEVICE, FLOAT_DTYPES, KV_LOADS, assert_close, invisible_slots, kv_load_config, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
+from triton_xpu_attn import device as _device
 from triton_xpu_attn import tune
 from triton_xpu_attn._common import whole_wave_splits
 
@@ -318,9 +320,27 @@ def test_int_cache_seqlens_and_scalar_descale():
     assert_close(got, out_ref, torch.float32)
 
 
+@pytest.mark.skipif(not _device.block_pointers(), reason="block pointers need Triton < 3.9 (compiled runs)")
+@settings(max_examples=max(30, settings().max_examples))
+@given(pb=attention_problems(), chunk=st.sampled_from([16, 32, 64]), pack_gqa=st.booleans(),
+       block_n=st.sampled_from([16, 32]))
+def test_xpu_tile_options_match_reference(pb, chunk, pack_gqa, block_n):
+    """The options XPU configs use beside block-pointer K/V, over every head dim and page size:
+    the score dot in head-dim chunks (``score_chunk``, q re-read a chunk at a time: padded head
+    dims such as 80 and 192 end inside or before a chunk) and one head's tokens per program
+    (``pack_gqa`` off: q and out as 2D blocks)."""
+    config = dict(BLOCK_N=block_n, BLOCK_M=16, kv_block_ptr=True, score_chunk=chunk, pack_gqa=pack_gqa)
+    with tune.override("paged_attention", config):
+        got, lse, out, out_ref, lse_ref = run_problem(pb)
+    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
+    assert_close(got, out_ref, pb["dtype"])
+    check_lse(lse, lse_ref, pb["dtype"])
+
+
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("per_head_scale", [False, True])
-def test_fp8_cache(fp8, per_head_scale):
+@pytest.mark.parametrize("tiles", [None, "score chunks"])
+def test_fp8_cache(fp8, per_head_scale, tiles):
     fp8 = getattr(torch, fp8)
     gen = torch.Generator().manual_seed(5)
     batch, hkv, hq = 2, 2, 4
@@ -335,10 +355,16 @@ def test_fp8_cache(fp8, per_head_scale):
     else:
         k_scale, v_scale = torch.tensor(0.25), torch.tensor(0.5)
     out = poison(torch.empty(batch, hq, 64, dtype=torch.float16, device=DEVICE))
-    got = flash_attn_with_kvcache(
-        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
-        cu_seqlens_q=cu.to(DEVICE), k_descale=k_scale.to(DEVICE), v_descale=v_scale.to(DEVICE), out=out, num_splits=2,
-    )
+    if tiles and not _device.block_pointers():
+        pytest.skip("block pointers need Triton < 3.9 (compiled runs)")
+    # XPU's fp8 tiles: block-pointer V, the 8-bit K^T read in head-dim chunks beside q's chunks
+    config = dict(BLOCK_N=16, BLOCK_M=16, kv_block_ptr=True, score_chunk=16)
+    with tune.override("paged_attention", config) if tiles else contextlib.nullcontext():
+        got = flash_attn_with_kvcache(
+            q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+            cu_seqlens_q=cu.to(DEVICE), k_descale=k_scale.to(DEVICE), v_descale=v_scale.to(DEVICE), out=out,
+            num_splits=2,
+        )
     out_ref, _ = ref.paged_attention(q, k, v, seqlens, table, cu, k_descale=k_scale, v_descale=v_scale)
     assert_close(got, out_ref, torch.float16)
 

@@ -200,3 +200,26 @@ def test_xpu_tiles_decode_fp8_caches_on_16_warps():
     fp8 = xpu_tiles(True, 128, 64, fp8_kv=True)
     assert (fp8["num_warps"], fp8["BLOCK_N"]) == (16, 16) and fp8["kv_block_ptr"]
     assert xpu_tiles(True, 128, 64)["num_warps"] == 8
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("fp8_kv", [False, True])
+def test_xpu_tiles_above_d128_unpack_gqa_prefill_and_chunk_fp8_scores(head_dim, fp8_kv):
+    """Above D = 128 on XPU: prefill tiles hold one head's tokens (``pack_gqa`` off: packed
+    (token, head) rows read q by gathers and spilled 4.3-7.0 KB at D = 256), and fp8 decode runs
+    the score dot in 128-column chunks on 32-key tiles (one dot spilled 8.4-8.8 KB); nothing
+    changes at D <= 128. The launcher passes the chunk only to block-pointer launches narrower
+    than the head (``score_chunk``)."""
+    from triton_xpu_attn.ops.paged_attention import query_heads_per_block, score_chunk, xpu_tiles
+
+    wide = head_dim > 128
+    prefill, decode = xpu_tiles(False, head_dim, 64, fp8_kv), xpu_tiles(True, head_dim, 64, fp8_kv)
+    assert prefill.get("pack_gqa", True) is not wide and "pack_gqa" not in decode
+    assert query_heads_per_block(8, None, prefill) == (1 if wide else 8)
+    assert decode.get("score_chunk", 0) == (128 if wide and fp8_kv else 0)
+    assert "score_chunk" not in prefill
+    if wide and fp8_kv:
+        assert decode["BLOCK_N"] == 32 and xpu_tiles(True, head_dim, 16, True)["BLOCK_N"] == 16
+        assert score_chunk(decode, 2, head_dim) == 128
+        assert score_chunk(decode, 0, head_dim) == 0, "pointer loads keep one score dot"
+        assert score_chunk({"score_chunk": 256}, 2, head_dim) == 0, "a chunk as wide as the head is one dot"

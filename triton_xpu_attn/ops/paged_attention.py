@@ -82,8 +82,22 @@ def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap
                  HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Base-2 logits of one key tile (``k`` is ``[D, BLOCK_N]``), soft-capped, then masked per
     element only when ``masked`` (tiles some row sees only in part)."""
+    s = _score_dot(q, k, DOT_PRECISION) * qk_scale
+    return _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
+
+
+@triton.jit
+def _score_dot(q, k, DOT_PRECISION: tl.constexpr):
+    """``q @ k`` in fp32, ``k`` cast to q's dtype (both dot operands one dtype): the one score dot
+    of the paged kernel, whole or per head-dim chunk."""
+    return tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Scaled scores ``s`` to base-2 logits: soft-capped, then masked per element only when
+    ``masked``."""
     LOG2E: tl.constexpr = 1.4426950408889634
-    s = tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
     if HAS_SOFTCAP:
         # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
         s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
@@ -123,6 +137,28 @@ def _block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, B
 
 
 @triton.jit
+def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.constexpr):
+    """Columns ``col .. col + SCORE_CHUNK - 1`` of the program's q rows: ``q`` is a block
+    pointer (``QO_BLOCK``) or a pointer tensor over the first chunk (rows no query owns point at a
+    valid row; they are never stored); columns past ``head_dim`` read 0."""
+    if QO_BLOCK:
+        chunk = tl.load(tl.advance(q, (0, col)), boundary_check=(0, 1), padding_option="zero")
+    else:
+        chunk = tl.load(q + col, mask=(col + tl.arange(0, SCORE_CHUNK))[None, :] < head_dim, other=0.0)
+    return chunk
+
+
+@triton.jit
+def _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr,
+               SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a block-pointer key tile."""
+    k = tl.load(_block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
+                            SCORE_CHUNK, True),
+                boundary_check=(0, 1), padding_option="zero")
+    return _score_dot(q_chunk, k, DOT_PRECISION)
+
+
+@triton.jit
 def _query_rows_block(base, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_t, stride_h, width,
                       BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr):
     """Block pointer over a program's ``[BLOCK_Q * HEADS_PER_BLOCK, width]`` rows of q (or out)
@@ -149,14 +185,17 @@ def _tile(
     head_dim, head_dim_v,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
-    KV_LOAD: tl.constexpr = 0,
+    KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
     ``KV_LOAD = 2`` (a tile inside one page, or contiguous K/V), block pointers over the tile's
     visible rows (2D block reads on Intel GPUs). Keys outside ``[key_lo, end)`` are not loaded: no
     query may see them, and a freed slot can hold NaN (masking the score would not stop
-    ``0 * NaN`` in ``P @ V``)."""
+    ``0 * NaN`` in ``P @ V``). ``SCORE_CHUNK > 0`` (block pointers only): the score dot runs over
+    head-dim chunks of that width, q read chunk by chunk (``q`` is then a block pointer when
+    ``QO_BLOCK``, else a pointer tensor, over its first chunk), so no sub-group holds the whole
+    ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128)."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -175,8 +214,9 @@ def _tile(
             first = (n0 % PAGE_SIZE + skip).to(tl.int64)
             k_tile = k_base + page * stride_k_page + first * stride_k_tok
             v_tile = v_base + page * stride_v_page + first * stride_v_tok
-        k = tl.load(_block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
-                    boundary_check=(0, 1), padding_option="zero")
+        if SCORE_CHUNK == 0:
+            k = tl.load(_block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
+                        boundary_check=(0, 1), padding_option="zero")
     else:
         if PAGE_SIZE >= BLOCK_N:
             # the whole tile lies in one page: one page-table read, contiguous token rows
@@ -208,7 +248,17 @@ def _tile(
             mask=key_valid[None, :] & (d[:, None] < head_dim),
             other=0.0,
         )
-    s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+    if SCORE_CHUNK > 0:
+        for c in tl.static_range(BLOCK_D // SCORE_CHUNK):
+            q_chunk = _query_chunk(q, c * SCORE_CHUNK, head_dim, SCORE_CHUNK, QO_BLOCK)
+            part = _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, c * SCORE_CHUNK, BLOCK_N,
+                              SCORE_CHUNK, DOT_PRECISION)
+            s = part if c == 0 else s + part
+        s = _logits(s * qk_scale, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
+        operand_dtype = q_chunk.dtype
+    else:
+        s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+        operand_dtype = q.dtype
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
     if KV_LOAD == 2:
         v = tl.load(_block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
@@ -219,7 +269,7 @@ def _tile(
             mask=key_valid[:, None] & (dv[None, :] < head_dim_v),
             other=0.0,
         )
-    return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
+    return _accumulate(acc, alpha, p, v.to(operand_dtype), DOT_PRECISION), m_i, l_i
 
 
 @triton.jit
@@ -346,6 +396,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     KV_LOAD: tl.constexpr = 0,
     HOIST_GATHER: tl.constexpr = False,
+    SCORE_CHUNK: tl.constexpr = 0,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # PAGE_SIZE = 0: contiguous K/V (flash_attn_varlen_func). Request b's keys are the rows
@@ -412,7 +463,18 @@ def _paged_attention_kernel(
     # with block-pointer K/V (XPU) q and out go through block pointers where the program's rows
     # form a plain 2D block (2D block IO; Q arrives in the dot's layout without an SLM round trip)
     QO_BLOCK: tl.constexpr = KV_LOAD == 2 and (BLOCK_Q == 1 or HEADS_PER_BLOCK == 1)
-    if QO_BLOCK:
+    # head-dim chunks of the score dot: a block-pointer path only (0 elsewhere: one dot)
+    D_CHUNK: tl.constexpr = SCORE_CHUNK if KV_LOAD == 2 else 0
+    if D_CHUNK > 0:
+        # q stays in memory, read a head-dim chunk at a time beside each K^T chunk (_query_chunk)
+        if QO_BLOCK:
+            q = _query_rows_block(q_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_q_t,
+                                  stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, D_CHUNK)
+        else:
+            q_token = tl.where(row_valid, token, q_start)
+            q_row_head = tl.where(row_valid, q_head, kv_head * group_size)
+            q = q_ptr + q_token[:, None] * stride_q_t + q_row_head[:, None] * stride_q_h + tl.arange(0, D_CHUNK)[None, :]
+    elif QO_BLOCK:
         q = tl.load(_query_rows_block(q_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_q_t,
                                       stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_D),
                     boundary_check=(0, 1), padding_option="zero")
@@ -527,7 +589,8 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
-                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD)
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
+                D_CHUNK, QO_BLOCK)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -589,7 +652,7 @@ def _register_compile_variants():
         PAGE_SIZE=64, CAUSAL=True, HAS_SOFTCAP=False, HAS_SINKS=False, HAS_K_DESCALE=False,
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
-        HOIST_GATHER=False,
+        HOIST_GATHER=False, SCORE_CHUNK=0,
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -617,6 +680,13 @@ def _register_compile_variants():
         {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "Q_MAPPING": _UNIFORM, "BLOCK_Q": 2, "PAD_ROWS": False,
          "HEADS_PER_BLOCK": 8, "BLOCK_N": 16, "PAGE_SIZE": 128, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("V",), **xpu,
+    )
+    register_xpu_compile(  # fp8 at D = 256: the score dot in 128-column chunks (q re-read per chunk in 2D)
+        _paged_attention_kernel, "decode,bf16,fp8-e4m3 KV,D256,g8,P64,score chunks",
+        {**common, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16,
+         "BLOCK_N": 32, "BLOCK_D": 256, "BLOCK_DV": 256, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2,
+         "SCORE_CHUNK": 128},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "V"), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
@@ -670,20 +740,34 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
     tokens take 16-key tiles (a tile must lie in one page for the block pointers); shorter pages
     gather rows through pointers. fp8 caches take 16-key tiles on 16 warps (32 keys on 8 warps
     spill 320 B at D = 128, 448 B at 64 packed heads: the dequantised K^T beside the 8-bit one).
-    Used by the heuristic on XPU and by
-    ``autotune_configs/seed_xpu_configs.py`` for the shipped files."""
-    block_n = 32 if head_dim <= 128 and not fp8_kv else 16
+    Above D = 128 prefill tiles hold one head's tokens (``pack_gqa`` off) and fp8 decode runs the
+    score dot over head-dim chunks (``score_chunk``) on 32-key tiles. Used by the heuristic on XPU
+    and by ``autotune_configs/seed_xpu_configs.py`` for the shipped files."""
+    wide = head_dim > 128
+    chunked = wide and fp8_kv and decode_like  # fp8 decode at D > 128: score dot in chunks, 32 keys
+    block_n = 32 if chunked or not (wide or fp8_kv) else 16
     if 16 <= page_size < block_n:
         block_n = page_size
     kv_block_ptr = page_size == 0 or page_size >= block_n
-    return dict(
+    tiles = dict(
         BLOCK_N=block_n,
-        BLOCK_M=64 if decode_like or head_dim > 128 else 128,
+        BLOCK_M=64 if decode_like or wide else 128,
         num_warps=8 if decode_like and not fp8_kv else 16,
         num_stages=1 if kv_block_ptr else 2,
         grf_mode="256",
         kv_block_ptr=kv_block_ptr,
     )
+    if wide and not decode_like:
+        # GQA prefill tiles at D > 128 take one head's tokens: q and out become 2D blocks (packed
+        # (token, head) rows read q by gathers and spilled 4.3-7.0 KB at D = 256; one head: 0 B, no
+        # SLM). Each head of a group reads the K/V tile again (from cache: prefill is compute-bound)
+        tiles["pack_gqa"] = False
+    if chunked:
+        # fp8 K^T has no 2D read: gathered 8-bit K^T beside its 16-bit copy spilled 8.4-8.8 KB at
+        # D = 256; the score dot over 128-column chunks with 32-key tiles spills 0 (16-key tiles,
+        # i.e. 16-token pages, still 4.5 KB: bench/results/xpu_native/tiles.txt)
+        tiles["score_chunk"] = 128
+    return tiles
 
 
 def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None,
@@ -771,7 +855,10 @@ def query_heads_per_block(group_size: int, max_q: int | None, config: dict | Non
     power of two, at most 64. With block-pointer K/V (``kv_block_ptr``) and one query a request,
     at least 16 (heads past the group are out of bounds) instead of a few heads times padded
     tokens, so q and out are plain 2D blocks (the kernel's ``QO_BLOCK``: 2D block IO, no layout
-    conversion through SLM; XPU native code: bench/results/xpu_codegen.md)."""
+    conversion through SLM; XPU native code: bench/results/xpu_codegen.md). A config with
+    ``pack_gqa`` false asks for one head's tokens (1), as FlashAttention-3's ``pack_gqa=False``."""
+    if config is not None and config.get("pack_gqa") is False:
+        return 1
     heads = min(next_power_of_2(group_size), 64)
     if config is not None and config.get("kv_block_ptr") and max_q == 1:
         heads = max(heads, 16)
@@ -788,6 +875,13 @@ def _kv_load(page_size: int, config: dict, kv_descriptors) -> int:
     if config.get("kv_block_ptr") and _device.block_pointers() and (page_size == 0 or page_size >= config["BLOCK_N"]):
         return 2
     return 0
+
+
+def score_chunk(config: dict, kv_load: int, head_dim: int) -> int:
+    """``SCORE_CHUNK`` of a launch: the config's ``score_chunk`` (head-dim columns per score dot)
+    where K/V use block pointers and it is narrower than the padded head dim; else 0 (one dot)."""
+    chunk = config.get("score_chunk", 0)
+    return chunk if kv_load == 2 and 0 < chunk < next_power_of_2(head_dim) else 0
 
 
 def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
@@ -1175,6 +1269,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_LOAD=kv_load,
         HOIST_GATHER=not decode_like,
+        SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
         **tune.launch_options(config),
     )
     if kv_load == 2 and _device.backend() == "xpu":
