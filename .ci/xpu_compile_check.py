@@ -320,7 +320,8 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
 
 def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
     """(variant, constexprs) for an MLA decode bucket: a variant of the bucket's latent width R with a
-    16-bit cache; BLOCK_H / BLOCK_N / BLOCK_DV as ``flash_mla_decode`` clamps them."""
+    16-bit cache; BLOCK_H / BLOCK_N / BLOCK_DV as ``flash_mla_decode`` clamps them, and the
+    block-pointer latent chunks (``mla_decode.latent_chunk``) where the config asks for them."""
     r = fields.get("r")
     variant = next((v for v in variants if v.constexprs.get("R") == r and "fp8" not in v.label), None) or next(
         (v for v in variants if v.constexprs.get("R") == r), variants[0])
@@ -334,7 +335,13 @@ def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[obj
         out["BLOCK_DV"] = max(16, min(int(cfg["BLOCK_DV"] or block_r), block_r))
     if fields.get("kv") == "gather":  # the launcher's gather buckets: pages shorter than 16 tokens
         out["PAGE_SIZE"] = 1
-    return variant, out
+    from triton_xpu_attn.ops import mla_decode
+
+    merged = {**variant.constexprs, **out}
+    out["LATENT_CHUNK"] = mla_decode.latent_chunk(cfg, merged["PAGE_SIZE"], merged["BLOCK_N"], block_r, (None,))
+    if out["LATENT_CHUNK"]:
+        out["num_stages"] = 1  # block-pointer latent tiles: one stage on XPU, as the launcher sets it
+    return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}
 
 
 #: op -> (bucket fields, config, the op's variants) -> (variant to compile, constexpr overrides)
@@ -439,8 +446,10 @@ def native_job(ocloc, job: Job, r: dict) -> dict:
     if allowance is not None and final.spill > allowance:
         what = "target 0" if allowance == 0 else f"allowance {allowance} B, SPILL_ALLOWANCE"
         problems.append(f"spills {final.spill} B per thread at {final.grf} GRF ({what})")
-    kv_load = {**job.variant.constexprs, **job.constexprs}.get("KV_LOAD")
-    if job.variant.block_2d and kv_load == 2 and final.block2d_loads == 0:
+    constexprs = {**job.variant.constexprs, **job.constexprs}
+    # a job of a 2D-declared variant loads K/V through block pointers (a config may ask for pointers)
+    block_pointer_kv = constexprs.get("KV_LOAD") == 2 or constexprs.get("LATENT_CHUNK", 0) > 0
+    if job.variant.block_2d and block_pointer_kv and final.block2d_loads == 0:
         problems.append(f"declared to read {'/'.join(job.variant.block_2d)} by 2D block reads, has none")
     return dict(first=first, final=final, problems=problems)
 

@@ -24,6 +24,10 @@ CONFIGS = [
     dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=3),  # 32-row gathers' built-in tile
     dict(BLOCK_H=16, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=2, PREFETCH_PAGES=0),  # gather w/o prefetch
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=2, kv_desc=True),  # whole-page tiles via descriptors
+    # XPU's latent tiles through block pointers, the score dot over latent chunks (compiled runs;
+    # pages shorter than the tile and Triton >= 3.9 gather rows instead)
+    dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=32, num_warps=4, num_stages=1, latent_chunk=16),
+    dict(BLOCK_H=32, BLOCK_N=16, BLOCK_DV=64, num_warps=8, num_stages=1, latent_chunk=64),
 ]
 
 
@@ -190,6 +194,28 @@ def test_mla_decode_hand_example(splits):
     expected[0], expected[1] = e2 / (e2 + 1), 2 / (e2 + 1)
     assert torch.allclose(out[0, 0].cpu(), expected, atol=1e-6)
     assert math.isclose(lse[0, 0].item(), math.log(e2 + 1), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("config", [None, CONFIGS[-2], CONFIGS[-1]], ids=["launcher", "chunks16", "chunks64"])
+def test_mla_decode_slots_past_each_length_may_hold_nan(config):
+    """Lengths that end inside a key tile and a page: the slots after them (a freed slot an engine
+    reuses without zeroing) hold NaN and never reach the output, whether the latent tile is
+    gathered row by row or read through block pointers in chunks (rows past the length are
+    outside the block and read 0)."""
+    gen = torch.Generator().manual_seed(12)
+    R, Dr = SHAPES[0]
+    q_nope, q_pe, cache, cache_ref, seq_lens, table = _make_case(
+        gen, 3, 1, 16, R, Dr, 16, 40, torch.float32, None, False, False)
+    seq_lens = torch.tensor([37, 5, 16], dtype=torch.int32)
+    table = torch.tensor([[3, 8, 1, 10**6], [6, 10**6, 10**6, 10**6], [9, 10**6, 10**6, 10**6]], dtype=torch.int32)
+    for b, n in enumerate(seq_lens.tolist()):
+        for key in range(n, -(-n // 16) * 16):  # the rest of the request's last page
+            cache[int(table[b, key // 16]), key % 16] = float("nan")
+    cache[0] = float("nan")  # pages no request uses
+    cache_ref = cache.cpu()
+    out, _ = _run_and_check(q_nope, q_pe, cache, cache_ref, seq_lens, table, torch.float32, 1, sm_scale=0.1,
+                            config=config)
+    assert torch.isfinite(out).all()
 
 
 def test_mla_decode_zero_lengths_and_empty_batch():

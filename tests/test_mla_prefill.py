@@ -30,6 +30,10 @@ CONFIGS = [
     dict(BLOCK_H=32, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=1),  # tiles span tokens and keys past pages
     dict(BLOCK_H=16, BLOCK_N=32, BLOCK_DV=0, num_warps=4, num_stages=2, PREFETCH_PAGES=0),
     dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=2, kv_desc=True),  # whole-page tiles via descriptors
+    # XPU's latent tiles through block pointers, the score dot over latent chunks (compiled runs;
+    # pages shorter than the tile and Triton >= 3.9 gather rows instead)
+    dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=32, num_warps=4, num_stages=1, latent_chunk=16),
+    dict(BLOCK_H=32, BLOCK_N=16, BLOCK_DV=64, num_warps=8, num_stages=1, latent_chunk=64),
 ]
 UNREAD_PAGE = 10**6  # page-table entries past a request's pages: never read
 

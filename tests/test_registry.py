@@ -22,6 +22,7 @@ import pytest
 import triton.language as tl
 
 import triton_xpu_attn
+from triton_xpu_attn import device as _device
 from triton_xpu_attn._common import COMPILE_VARIANTS
 
 
@@ -144,12 +145,14 @@ def test_registered_variant_is_well_formed(variant):
 
 def test_variants_declared_2d_load_kv_through_block_pointers():
     """A variant declared to read K/V by 2D block reads (``block_2d``; the native audit fails
-    without them) compiles the block-pointer K/V loads (``KV_LOAD = 2``) with one stage, which
-    triton-xpu 3.3's pipeliner needs for block pointers whose address comes from a page id."""
+    without them) compiles the block-pointer K/V loads (paged ``KV_LOAD = 2``, MLA
+    ``LATENT_CHUNK > 0``) with one stage, which triton-xpu 3.3's pipeliner needs for block
+    pointers whose address comes from a page id."""
     declared = [v for v in COMPILE_VARIANTS if v.block_2d]
     assert declared, "no variant is declared to read K/V by 2D block reads"
+    assert any("LATENT_CHUNK" in v.constexprs for v in declared), "no MLA variant reads its latent tile in 2D"
     for v in declared:
-        assert v.constexprs.get("KV_LOAD") == 2, v.label
+        assert v.constexprs.get("KV_LOAD") == 2 or v.constexprs.get("LATENT_CHUNK", 0) > 0, v.label
         assert v.options.get("num_stages") == 1, v.label
         page = v.constexprs.get("PAGE_SIZE")
         assert page == 0 or page >= v.constexprs["BLOCK_N"], f"{v.label}: a key tile must lie in one page"
@@ -179,17 +182,23 @@ def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_d
 @pytest.mark.parametrize("latent", [256, 512])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_mla_xpu_tiles_keep_the_latent_tile_and_accumulator_small(rows, latent, ragged):
-    """MLA on XPU (heuristics and shipped files): 16-key latent tiles and at most 128 output
-    channels a program (the native code spills 2-96 KB with 32 keys or 256+ channels:
-    bench/results/xpu_native/tiles.txt), 16-32 rows, 256 GRF, at most 32 warps; the ragged
-    (prefill) mode and R = 256 take 64 channels."""
-    from triton_xpu_attn.ops.mla_decode import xpu_tiles
+    """MLA on XPU (heuristics and shipped files): 16-key latent tiles and 64 output channels a
+    program (32 keys or 128+ channels spill 1.5-96 KB: bench/results/xpu_native/tiles.txt), 16-32
+    rows, 256 GRF, at most 32 warps; over pages the latent tile through block pointers in
+    64-channel chunks (2D block reads) on one stage, per-token gathers without."""
+    from triton_xpu_attn.ops.mla_decode import latent_chunk, xpu_tiles
 
     for gather in (False, True):
         cfg = xpu_tiles(rows, latent, ragged, gather)
-        assert cfg["BLOCK_N"] == 16 and cfg["BLOCK_H"] in (16, 32)
-        assert cfg["BLOCK_DV"] == (128 if latent >= 512 and not ragged and not gather else 64)
+        assert cfg["BLOCK_N"] == 16 and cfg["BLOCK_H"] in (16, 32) and cfg["BLOCK_DV"] == 64
         assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32
+        assert cfg.get("latent_chunk", 0) == (0 if gather else 64)
+        assert cfg["num_stages"] == (2 if gather else 1)
+    cfg = xpu_tiles(rows, latent, ragged)
+    block_ptrs = 64 if _device.block_pointers() else 0
+    assert latent_chunk(cfg, 16, 16, latent, (None,)) == block_ptrs, "pages of whole tiles: 2D latent reads"
+    assert latent_chunk(cfg, 8, 16, latent, (None,)) == 0, "a key tile over two pages gathers rows"
+    assert latent_chunk(cfg, 64, 16, latent, ("descriptor",)) == 0, "tensor descriptors win where made"
 
 
 def test_xpu_tiles_decode_fp8_caches_on_16_warps():

@@ -196,6 +196,7 @@ def test_tuner_entry_point_runs():
     ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"), ({"kv_desc": "yes"}, "kv_desc"),
     ({"BLOCK_DV": 48}, "BLOCK_DV"), ({"grf_mode": "huge"}, "grf_mode"), ([64, 4], "object"),
     ({"score_chunk": 24}, "score_chunk"), ({"score_chunk": 8}, "score_chunk"), ({"pack_gqa": 0}, "pack_gqa"),
+    ({"latent_chunk": 40}, "latent_chunk"), ({"kv_device_desc": 1}, "kv_device_desc"),
 ])
 def test_malformed_entry_is_skipped_with_one_warning_naming_file_and_bucket(config_file, entry, what):
     """A bad entry never reaches a kernel (a Triton compile error) nor raises a bare TypeError:

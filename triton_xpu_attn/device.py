@@ -173,6 +173,36 @@ def tensor_descriptor(tensor: torch.Tensor, shape: list, strides: list, block_sh
     return _descriptor_class()(tensor, shape, strides, block_shape)
 
 
+def device_descriptors(device: torch.device | str | int | None = None) -> bool:
+    """Whether kernels may create tensor descriptors on the device (``tl.make_tensor_descriptor``,
+    Triton >= 3.4; not triton-xpu 3.3): on CUDA where the GPU has TMA (compute capability >= 9).
+    Intel's Triton >= 3.5 lowers them to 2D block reads; the interpreter runs them."""
+    import triton.language as tl
+
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    if backend() == "cuda":
+        return _properties("cuda", _index(device)).major >= 9
+    return True
+
+
+def ensure_scratch_allocator(device: torch.device | str | int | None = None) -> None:
+    """Give Triton a global-scratch allocator (torch memory on ``device``) if none was set: kernels
+    that create tensor descriptors on the device need one on CUDA. An allocator the caller set
+    is kept."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # another Triton's internals: set ours
+        pass
+    where = torch.device(device) if device is not None else default_device()
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=where))
+
+
 @functools.lru_cache(maxsize=None)
 def block_pointers() -> bool:
     """Whether kernels may load tiles through ``tl.make_block_ptr``: Triton before 3.9 (3.9 removed

@@ -6,6 +6,10 @@ debug information stripped. ``identical`` means the change cannot move a timing 
 so no GPU A/B is needed for it.
 
     TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_COPY.py
+    TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_MLA_COPY.py mla_decode
+
+The second form compares ``_mla_decode_kernel`` (ops/mla_decode.py) the same way: every
+registered variant with the XPU-only ``LATENT_CHUNK`` at 0, and as CUDA's whole-channel tiles.
 
 Use the Triton the GPU runs (e.g. put a triton==3.6.0 wheel's folder first on PYTHONPATH): PTX
 from another Triton version says nothing about that GPU's code.
@@ -34,11 +38,16 @@ TARGET = GPUTarget("cuda", 90, 32)
 _DEBUG = (".loc", ".file", "//", "$L__", ".b8", ".b32", ".b64")
 
 
-def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = None) -> str:
+def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = None,
+        kernel_name: str = "_paged_attention_kernel") -> str:
     """PTX of ``module``'s kernel at ``variant``'s signature with ``extra`` constexprs, debug lines
     removed; ``desc_rows``: K/V tensor descriptors of ``[desc_rows, BLOCK_D]`` blocks (``KV_DESC``)."""
     signature, constexprs = dict(variant.signature), {**variant.constexprs, **extra}
-    params = module._paged_attention_kernel.arg_names
+    fn = getattr(module, kernel_name)
+    params = fn.arg_names
+    if kernel_name != "_paged_attention_kernel":
+        constexprs["LATENT_CHUNK"] = 0  # XPU's block-pointer latent tiles: not a CUDA path
+        return _compiled_ptx(fn, signature, constexprs, params, options, kernel_name)
     # K/V loads as CUDA launches them: pointers, or tensor descriptors (KV_DESC before KV_LOAD
     # replaced it); the XPU block pointers (KV_LOAD = 2) of some registered variants are not a CUDA path
     constexprs["KV_LOAD"] = 1 if desc_rows else 0
@@ -49,15 +58,37 @@ def ptx(module, variant, extra: dict, options: dict, desc_rows: int | None = Non
         constexprs["KV_DESC"] = True
     # a constexpr the module's kernel does not have (one added since) is left out: the old kernel
     # compiles its own code, so a variant that sets it to a non-default value reads DIFFERENT
+    return _compiled_ptx(module._paged_attention_kernel, signature, constexprs, params, options,
+                         "_paged_attention_kernel")
+
+
+def _compiled_ptx(fn, signature: dict, constexprs: dict, params: list, options: dict, kernel_name: str) -> str:
     for name in [n for n in constexprs if n not in params]:
         constexprs.pop(name)
         signature.pop(name, None)
     for name in constexprs:
         signature[name] = "constexpr"
-    kernel = triton.compile(ASTSource(module._paged_attention_kernel, signature, constexprs), target=TARGET,
-                            options=options)
-    text = re.sub(r"_paged_attention_kernel\w*", "K", kernel.asm["ptx"])
+    kernel = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
+    text = re.sub(kernel_name + r"\w*", "K", kernel.asm["ptx"])
     return "\n".join(line for line in text.splitlines() if not line.strip().startswith(_DEBUG))
+
+
+def main_mla(path: str) -> int:
+    """``_mla_decode_kernel`` of an old ops/mla_decode.py copy against today's."""
+    from triton_xpu_attn.ops import mla_decode as today_mla
+
+    old = load_old_op(path, "mla_decode")
+    variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today_mla._mla_decode_kernel]
+    print(f"triton {triton.__version__}, target {TARGET}: {path} vs today's ops/mla_decode.py")
+    different = 0
+    for v in variants:  # as registered (XPU tiles, LATENT_CHUNK 0) and as CUDA's whole-channel tiles
+        cuda = dict(BLOCK_DV=v.constexprs["BLOCK_R"], BLOCK_N=64, BLOCK_H=64)
+        for label, extra in ((v.label, {}), (v.label + " as CUDA 64x64", cuda)):
+            a = ptx(old, v, extra, dict(num_warps=4, num_stages=2), kernel_name="_mla_decode_kernel")
+            b = ptx(today_mla, v, extra, dict(num_warps=4, num_stages=2), kernel_name="_mla_decode_kernel")
+            different += a != b
+            print(f"{label}: {'identical' if a == b else 'DIFFERENT'} PTX")
+    return 0 if different == 0 else 1
 
 
 def main() -> int:
@@ -87,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_mla(sys.argv[1]) if sys.argv[2:3] == ["mla_decode"] else main())

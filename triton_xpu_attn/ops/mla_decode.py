@@ -89,14 +89,20 @@ def _ragged_tile_request(cu_seqlens_q_ptr, tile, batch, num_heads, BLOCK_H: tl.c
 
 
 @triton.jit
+def _latent_dot(q_n, kv, DOT_PRECISION: tl.constexpr):
+    """``q_n @ kv^T`` in fp32 over latent channels (the whole tile, or one chunk of it)."""
+    return tl.dot(q_n, tl.trans(kv), out_dtype=tl.float32, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _mla_tile(q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
               Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr, RAGGED: tl.constexpr, CAUSAL: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, LATENT_SCORES: tl.constexpr = False):
     """One key tile: scores over the latent (``kv``) and rope (``k_pe``) channels, the mask of
     keys past ``hi`` / past each row's causal end, the online-softmax update, ``acc += P @ v``."""
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
-    s = tl.dot(q_n, tl.trans(kv), out_dtype=tl.float32, input_precision=DOT_PRECISION)
+    s = kv if LATENT_SCORES else _latent_dot(q_n, kv, DOT_PRECISION)
     s = tl.dot(q_p, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
     s = s * scale
     if RAGGED:
@@ -168,6 +174,7 @@ def _mla_decode_kernel(
     RAGGED: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_DESC: tl.constexpr = False,
+    LATENT_CHUNK: tl.constexpr = 0,  # > 0: latent tiles through block pointers, score dot per chunk
 ):
     NUM_DV: tl.constexpr = BLOCK_R // BLOCK_DV
     pid_m = tl.program_id(0)
@@ -277,33 +284,64 @@ def _mla_decode_kernel(
         tail = desc_hi
     else:
         tail = lo
+    q_n_rows = q_nope_ptr + (b * stride_qn_b + q_tok.to(tl.int64) * stride_qn_t + head * stride_qn_h)[:, None]
     for start in range(tail, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        if PAGE_SIZE >= BLOCK_N:
-            # the tile lies inside one page (tiles are BLOCK_N aligned, both powers of two)
+        if LATENT_CHUNK > 0:
             page = tl.load(pt_row + start // PAGE_SIZE).to(tl.int64)
-            row_off = page * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_row
+            kv_tile = kv_ptr + page * stride_kv_page + (start % PAGE_SIZE) * stride_kv_row
+            rows_here = tl.minimum(hi - start, BLOCK_N)
+            for c in tl.static_range(BLOCK_R // LATENT_CHUNK):
+                lc = c * LATENT_CHUNK + tl.arange(0, LATENT_CHUNK)
+                if Q_LEN == 1 and not RAGGED:  # one token's heads: a plain 2D block of q
+                    q_c = tl.load(tl.make_block_ptr(q_nope_ptr + b * stride_qn_b, shape=(num_heads, R),
+                                                    strides=(stride_qn_h, 1), offsets=(head_block * BLOCK_H, c * LATENT_CHUNK),
+                                                    block_shape=(BLOCK_H, LATENT_CHUNK), order=(1, 0)),
+                                  boundary_check=(0, 1), padding_option="zero")
+                else:
+                    q_c = tl.load(q_n_rows + lc[None, :], mask=row_ok[:, None] & (lc[None, :] < R), other=0.0)
+                k_c = tl.load(tl.make_block_ptr(kv_tile + c * LATENT_CHUNK, shape=(R - c * LATENT_CHUNK, rows_here),
+                                                strides=(1, stride_kv_row), offsets=(0, 0),
+                                                block_shape=(LATENT_CHUNK, BLOCK_N), order=(0, 1)),
+                              boundary_check=(0, 1), padding_option="zero")
+                part = _latent_dot(q_c, tl.trans(k_c.to(q_c.dtype)), DOT_PRECISION)
+                s_lat = part if c == 0 else s_lat + part
+            k_pe = tl.load(tl.make_block_ptr(kv_tile + R, shape=(rows_here, DR), strides=(stride_kv_row, 1), offsets=(0, 0),
+                                             block_shape=(BLOCK_N, BLOCK_DR), order=(1, 0)),
+                           boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
+            v = tl.load(tl.make_block_ptr(kv_tile + dv_tile * BLOCK_DV, shape=(rows_here, R - dv_tile * BLOCK_DV),
+                                          strides=(stride_kv_row, 1), offsets=(0, 0), block_shape=(BLOCK_N, BLOCK_DV),
+                                          order=(1, 0)),
+                        boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
+            acc, m_i, l_i = _mla_tile(
+                q_n, q_p, s_lat, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
+                Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION, True)
         else:
-            if PREFETCH_PAGES:
-                page = next_pages.to(tl.int64)
-                ahead = offs_n + BLOCK_N
-                next_pages = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < hi, other=0)
+            if PAGE_SIZE >= BLOCK_N:
+                # the tile lies inside one page (tiles are BLOCK_N aligned, both powers of two)
+                page = tl.load(pt_row + start // PAGE_SIZE).to(tl.int64)
+                row_off = page * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_row
             else:
-                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            row_off = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_row
-        kv = tl.load(kv_ptr + row_off[:, None] + r[None, :], mask=_tile_mask(n_ok, r, R, BLOCK_R), other=0.0)
-        k_pe = tl.load(kv_ptr + row_off[:, None] + R + dr[None, :], mask=_tile_mask(n_ok, dr, DR, BLOCK_DR), other=0.0)
-        kv = kv.to(q_n.dtype)  # fp8 cache: upcast so both dot operands share q's dtype
-        k_pe = k_pe.to(q_n.dtype)
-        if NUM_DV == 1:
-            v = kv  # V = the first R channels of the tile already loaded for K
-        else:
-            v = tl.load(kv_ptr + row_off[:, None] + dv[None, :], mask=_tile_mask(n_ok, dv, R, BLOCK_R), other=0.0)
-            v = v.to(q_n.dtype)
-        acc, m_i, l_i = _mla_tile(
-            q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
-            Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION)
+                if PREFETCH_PAGES:
+                    page = next_pages.to(tl.int64)
+                    ahead = offs_n + BLOCK_N
+                    next_pages = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < hi, other=0)
+                else:
+                    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+                row_off = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_row
+            kv = tl.load(kv_ptr + row_off[:, None] + r[None, :], mask=_tile_mask(n_ok, r, R, BLOCK_R), other=0.0)
+            k_pe = tl.load(kv_ptr + row_off[:, None] + R + dr[None, :], mask=_tile_mask(n_ok, dr, DR, BLOCK_DR), other=0.0)
+            kv = kv.to(q_n.dtype)  # fp8 cache: upcast so both dot operands share q's dtype
+            k_pe = k_pe.to(q_n.dtype)
+            if NUM_DV == 1:
+                v = kv  # V = the first R channels of the tile already loaded for K
+            else:
+                v = tl.load(kv_ptr + row_off[:, None] + dv[None, :], mask=_tile_mask(n_ok, dv, R, BLOCK_R), other=0.0)
+                v = v.to(q_n.dtype)
+            acc, m_i, l_i = _mla_tile(
+                q_n, q_p, kv, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
+                Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION)
 
     has_key = l_i > 0.0
     o = acc * (out_scale / tl.where(has_key, l_i, 1.0))[:, None]
@@ -334,39 +372,47 @@ def _register_compile_variants():
         HAS_KV_SCALE=False, PREFETCH_PAGES=True, SPLIT=True, WRITE_LSE=True, DOT_PRECISION="tf32",
         RAGGED=False, CAUSAL=True,
         kv_desc=None, pe_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
+        LATENT_CHUNK=0,
     )
-    # as XPU launches them (xpu_tiles): 16-key tiles, output channels split across programs
+    # as XPU launches them (xpu_tiles): 16-key tiles, 64 output channels a program; over pages of
+    # 16+ tokens latent tiles through block pointers in 64-channel chunks (2D block reads), one stage
     opts = dict(dots=3, op="mla_decode", num_warps=8, num_stages=2, grf_mode=_device.xpu_large_grf_mode())
-    tile = {"BLOCK_N": 16, "BLOCK_DV": 128}
-    register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16xDV128,split", {**deepseek, **tile}, **opts)
+    tile = {"BLOCK_N": 16, "BLOCK_DV": 64}
+    chunks = {**tile, "LATENT_CHUNK": 64}
+    block_2d = dict(opts, num_stages=1, block_2d=("K", "V"))
+    register_xpu_compile(_mla_decode_kernel, "bf16,H16,P64,BH16xDV64,split,latent chunks", {**deepseek, **chunks},
+                         **block_2d)
     register_xpu_compile(
-        _mla_decode_kernel, "bf16,H128,P64,BH32xDV128,single",
-        {**deepseek, **tile, "out_ptr": "*bf16", "BLOCK_H": 32, "SPLIT": False, "WRITE_LSE": False}, **opts,
+        _mla_decode_kernel, "bf16,H128,P64,BH32xDV64,single,latent chunks",
+        {**deepseek, **chunks, "out_ptr": "*bf16", "BLOCK_H": 32, "SPLIT": False, "WRITE_LSE": False}, **block_2d,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "bf16,fp8-e4m3 cache,H16,P1,q_len2,BH32xDV128",
+        _mla_decode_kernel, "bf16,fp8-e4m3 cache,H16,P1,q_len2,BH32xDV64",
         {**deepseek, **tile, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "Q_LEN": 2, "BLOCK_H": 32, "HAS_KV_SCALE": True}, **opts,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "fp16,R256+32,H32,P16,BH32xDV64",
+        _mla_decode_kernel, "fp16,R256+32,H32,P16,BH32xDV64,latent chunks",
         {**deepseek, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
-         "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_N": 16, "BLOCK_R": 256, "BLOCK_DR": 32, "BLOCK_DV": 64, "SPLIT": False},
-        **opts,
+         "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_R": 256, "BLOCK_DR": 32, "SPLIT": False, **chunks},
+        **block_2d,
     )
     # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 64-channel tile, P=1 fp8 with LSE,
     # and a non-causal fp16 variant with 16-row tiles
     prefill = {**deepseek, "out_ptr": "*bf16", "stride_qn_b": "i32", "stride_qp_b": "i32", "BLOCK_H": 32, "BLOCK_N": 16,
                "BLOCK_DV": 64, "SPLIT": False, "WRITE_LSE": False, "RAGGED": True}
     prefill_opts = {**opts, "op": "mla_prefill"}
-    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV64,causal", prefill, **prefill_opts)
+    prefill_2d = {**block_2d, "op": "mla_prefill"}
+    register_xpu_compile(_mla_decode_kernel, "prefill,bf16,H128,P64,BH32xDV64,causal,latent chunks",
+                         {**prefill, "LATENT_CHUNK": 64}, **prefill_2d)
     register_xpu_compile(
         _mla_decode_kernel, "prefill,bf16,fp8-e4m3 cache,P1,BH32xDV64,lse",
         {**prefill, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "HAS_KV_SCALE": True, "WRITE_LSE": True}, **prefill_opts,
     )
     register_xpu_compile(
-        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH16xDV64,non-causal",
+        _mla_decode_kernel, "prefill,fp16,R256+32,P16,BH16xDV64,non-causal,latent chunks",
         {**prefill, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
-         "PAGE_SIZE": 16, "BLOCK_H": 16, "BLOCK_R": 256, "BLOCK_DR": 32, "CAUSAL": False}, **prefill_opts,
+         "PAGE_SIZE": 16, "BLOCK_H": 16, "BLOCK_R": 256, "BLOCK_DR": 32, "CAUSAL": False, "LATENT_CHUNK": 64},
+        **prefill_2d,
     )
 
 
@@ -495,16 +541,40 @@ def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False
     bench/results/xpu_codegen.md) so nothing spills at 256 GRF; compiler facts, no Intel GPU
     timed them. The score dot reads the whole ``[R, BLOCK_N]`` latent tile per sub-group (warps
     split the rows), so 16-key tiles; the output channels are split across programs
-    (``BLOCK_DV``): 128 for decode at R = 512 over pages, 64 for R = 256, per-token gathers
-    (pages shorter than 16 tokens: 576-1088 B at 128) and the ragged (prefill) mode.
-    The split repeats the score dot once per channel slice (4 or 8 times the QK work): the price
-    of no spill, not timed. Measured (bf16 R = 512 decode, 8 warps): 32-key tiles at 128 channels
+    (``BLOCK_DV`` 64). Over pages of 16+ tokens the latent tile loads through block pointers in
+    64-channel chunks (``latent_chunk``: 2D block reads, the score dot summed over chunks);
+    shorter pages gather rows. The split repeats the score dot once per channel slice (4 or 8
+    times the QK work): the price of no spill, not timed. Measured (bf16 R = 512 decode, 8 warps): 32-key tiles at 128 channels
     2368 B, 256 channels 29-33 KB; 16 keys x 128 channels 0 B; before (32 keys, 256-512
     channels) 14-96 KB (bench/results/xpu_native/tiles.txt). Used by the XPU heuristics of
     ``flash_mla_decode`` / ``flash_mla_prefill`` and by ``autotune_configs/seed_xpu_configs.py``."""
-    wide = latent >= 512 and not ragged and not gather
-    return dict(BLOCK_H=16 if rows <= 16 else 32, BLOCK_N=16, BLOCK_DV=128 if wide else 64, num_warps=8,
-                num_stages=2, grf_mode="256")
+    tiles = dict(BLOCK_H=16 if rows <= 16 else 32, BLOCK_N=16, BLOCK_DV=64, num_warps=8, num_stages=2, grf_mode="256")
+    if not gather:
+        # pages of whole key tiles: the latent tile through block pointers (2D block reads), its
+        # score dot in 64-channel chunks (q chunks beside K^T chunks), 64 output channels: 0 B at
+        # every registered shape (the whole latent tile in 2D spilled 25.6 KB, 128 channels 1.5-2.8 KB);
+        # SLM 40-59 KB -> 4-9 KB, fewer instructions over all channel slices (xpu_native/tiles.txt)
+        tiles.update(latent_chunk=64, num_stages=1)
+    return tiles
+
+
+def latent_chunk(config: dict, page_size: int, block_n: int, block_r: int, latent_descs) -> int:
+    """``LATENT_CHUNK`` of a launch: the config's ``latent_chunk`` (latent channels per score dot,
+    through block pointers) where Triton has block pointers, every key tile lies in one page and
+    no tensor descriptors were made; else 0 (pointer loads, one score dot)."""
+    chunk = int(config.get("latent_chunk", 0) or 0)
+    if chunk <= 0 or latent_descs[0] is not None or page_size < block_n or not _device.block_pointers():
+        return 0
+    return min(chunk, block_r)
+
+
+def launch_constexprs(config: dict, chunk: int) -> dict:
+    """The config's launch options, one stage with block-pointer latent tiles on XPU
+    (triton-xpu 3.3's pipeliner asserts on block pointers whose address comes from a page id)."""
+    options = tune.launch_options(config)
+    if chunk and _device.backend() == "xpu":
+        options["num_stages"] = 1
+    return dict(LATENT_CHUNK=chunk, **options)
 
 
 def _heuristic_config(rows: int, head_dim_v: int, dtype: torch.dtype, work: int, gather: bool) -> dict:
@@ -808,7 +878,7 @@ def flash_mla_decode(
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=False, CAUSAL=True,
             KV_DESC=latent_descs[0] is not None,
-            **tune.launch_options(config),
+            **launch_constexprs(config, latent_chunk(config, page_size, block_n, block_r, latent_descs)),
         )
         if splits > 1:
             combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units)

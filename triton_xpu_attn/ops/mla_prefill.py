@@ -58,7 +58,9 @@ from .mla_decode import (
     _check_int,
     _mla_decode_kernel,
     as_kv_scale,
+    latent_chunk,
     latent_descriptors,
+    launch_constexprs,
     check_latent_cache,
     check_sm_scale,
     split_queries,
@@ -301,7 +303,7 @@ def flash_mla_prefill(
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=True, CAUSAL=causal,
             KV_DESC=latent_descs[0] is not None,
-            **tune.launch_options(config),
+            **launch_constexprs(config, latent_chunk(config, page_size, block_n, block_r, latent_descs)),
         )
     if out is not dest:
         dest.copy_(out)

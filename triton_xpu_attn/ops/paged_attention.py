@@ -136,6 +136,25 @@ def _block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, B
     return block
 
 
+if hasattr(tl, "make_tensor_descriptor"):
+    @triton.jit
+    def _rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Device-side tensor descriptor over ``rows`` cache rows of ``width`` elements from
+        ``base`` (the tile's first visible row), read in ``[BLOCK_ROWS, BLOCK_W]`` blocks: a block
+        loaded at row ``-skip`` covers the whole key tile, and rows outside ``[0, rows)`` (no query
+        sees them) and columns past ``width`` read 0. The 2D load Intel's Triton >= 3.5 prefers
+        (``tl.make_tensor_descriptor``; ``KV_LOAD = 3``)."""
+        return tl.make_tensor_descriptor(base, shape=[rows, width], strides=[stride_tok, 1],
+                                         block_shape=[BLOCK_ROWS, BLOCK_W])
+else:
+    @triton.jit
+    def _rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Triton without ``tl.make_tensor_descriptor`` (triton-xpu 3.3): never called (the
+        launcher asks for ``KV_LOAD = 3`` only where ``device.device_descriptors()``); its body
+        names nothing that Triton lacks, so the kernel's other paths still compile there."""
+        return base
+
+
 @triton.jit
 def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.constexpr):
     """Columns ``col .. col + SCORE_CHUNK - 1`` of the program's q rows: ``q`` is a block
@@ -190,7 +209,8 @@ def _tile(
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
     ``KV_LOAD = 2`` (a tile inside one page, or contiguous K/V), block pointers over the tile's
-    visible rows (2D block reads on Intel GPUs). Keys outside ``[key_lo, end)`` are not loaded: no
+    visible rows (2D block reads on Intel GPUs), with ``KV_LOAD = 3`` device-side tensor
+    descriptors over them (Triton >= 3.4; Intel's >= 3.5 lowers them to 2D block reads). Keys outside ``[key_lo, end)`` are not loaded: no
     query may see them, and a freed slot can hold NaN (masking the score would not stop
     ``0 * NaN`` in ``P @ V``). ``SCORE_CHUNK > 0`` (block pointers only): the score dot runs over
     head-dim chunks of that width, q read chunk by chunk (``q`` is then a block pointer when
@@ -201,8 +221,9 @@ def _tile(
     dv = tl.arange(0, BLOCK_DV)
     key = n0 + offs_n
     key_valid = (key >= key_lo) & (key < end)
-    if KV_LOAD == 2:
+    if KV_LOAD >= 2:
         # the visible rows of the tile, [n0 + skip, n0 + skip + rows), through block pointers
+        # (KV_LOAD 2) or device-side tensor descriptors (3): rows outside them read 0
         skip = tl.maximum(key_lo - n0, 0)
         rows = tl.minimum(end - n0, BLOCK_N) - skip
         if PAGE_SIZE == 0:
@@ -214,7 +235,9 @@ def _tile(
             first = (n0 % PAGE_SIZE + skip).to(tl.int64)
             k_tile = k_base + page * stride_k_page + first * stride_k_tok
             v_tile = v_base + page * stride_v_page + first * stride_v_tok
-        if SCORE_CHUNK == 0:
+        if KV_LOAD == 3:
+            k = tl.trans(_rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, BLOCK_D).load([-skip, 0]))
+        elif SCORE_CHUNK == 0:
             k = tl.load(_block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
                         boundary_check=(0, 1), padding_option="zero")
     else:
@@ -260,7 +283,9 @@ def _tile(
         s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
         operand_dtype = q.dtype
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
-    if KV_LOAD == 2:
+    if KV_LOAD == 3:
+        v = _rows_descriptor(v_tile, stride_v_tok, head_dim_v, rows, BLOCK_N, BLOCK_DV).load([-skip, 0])
+    elif KV_LOAD == 2:
         v = tl.load(_block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
                     boundary_check=(0, 1), padding_option="zero")
     else:
@@ -865,16 +890,28 @@ def query_heads_per_block(group_size: int, max_q: int | None, config: dict | Non
     return heads
 
 
-def _kv_load(page_size: int, config: dict, kv_descriptors) -> int:
-    """``KV_LOAD`` of a launch: 1 when K/V tensor descriptors were made (``_kv_descriptors``); 2,
-    block pointers, where the config asks for them (``kv_block_ptr``), Triton has them
-    (``device.block_pointers``) and every key tile lies in one page (or contiguous K/V); else 0,
-    pointer loads."""
+def _kv_load(page_size: int, config: dict, kv_descriptors, caches=()) -> int:
+    """``KV_LOAD`` of a launch: 1 when K/V tensor descriptors were made (``_kv_descriptors``);
+    where every key tile lies in one page (or contiguous K/V): 3, device-side tensor descriptors,
+    where the config asks for them (``kv_device_desc``), Triton has them
+    (``device.device_descriptors``) and the ``caches`` (K, V) are 16-byte aligned row by row; 2,
+    block pointers, where the config asks (``kv_block_ptr``) and Triton has them
+    (``device.block_pointers``); else 0, pointer loads."""
     if kv_descriptors is not None:
         return 1
-    if config.get("kv_block_ptr") and _device.block_pointers() and (page_size == 0 or page_size >= config["BLOCK_N"]):
+    if page_size and page_size < config["BLOCK_N"]:
+        return 0
+    if config.get("kv_device_desc") and _device.device_descriptors() and all(map(_rows_aligned, caches)):
+        return 3
+    if config.get("kv_block_ptr") and _device.block_pointers():
         return 2
     return 0
+
+
+def _rows_aligned(cache: torch.Tensor) -> bool:
+    """A device-side descriptor's base and row pitch must be 16-byte aligned (TMA on Hopper)."""
+    size = cache.element_size()
+    return cache.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in cache.stride()[:-1])
 
 
 def score_chunk(config: dict, kv_load: int, head_dim: int) -> int:
@@ -1222,7 +1259,9 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
         table_args = (page_table, page_table.stride(0), page_table.shape[1])
     kv_descriptors = _kv_descriptors(k, v, page_size, config, device)
-    kv_load = _kv_load(page_size, config, kv_descriptors)
+    kv_load = _kv_load(page_size, config, kv_descriptors, (k, v))
+    if kv_load == 3:
+        _device.ensure_scratch_allocator(device)  # descriptors made on the device (CUDA: global scratch)
     kv_descriptors = kv_descriptors or (None, None)
     lse_arg = lse if lse is not None else out
 
@@ -1272,9 +1311,10 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
         **tune.launch_options(config),
     )
-    if kv_load == 2 and _device.backend() == "xpu":
+    if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
         # triton-xpu 3.3's pipeliner asserts on block pointers whose address comes from a loaded
-        # page id (shared/notes/xpu_native.md): one stage
+        # page id (shared/notes/xpu_native.md), and Triton 3.6's cannot predicate a descriptor
+        # made in the loop ("pipeliner doesn't know how to predicate ttng.tensormap_create"): one stage
         constexprs["num_stages"] = 1
 
     def split_partials(num_kv_splits: int, where):

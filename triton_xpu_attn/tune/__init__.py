@@ -70,7 +70,7 @@ def _warn(path, key: str, problem: str) -> None:
 #: knobs a config entry may set, and what each must be (others, e.g. notes, are ignored)
 _POW2_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "num_warps")  # powers of two, BLOCK_* at least 16
 _POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size")
-_BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "pack_gqa", "kept_heuristic")
+_BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "kv_device_desc", "pack_gqa", "kept_heuristic")
 _GRF_MODES = (None, "small", "large", "256", "auto", "default")
 
 
@@ -86,7 +86,7 @@ def entry_problem(entry) -> str | None:
             low = 16 if k.startswith("BLOCK_") else 1
             if not is_int or v < low or v & (v - 1):
                 return f"{k} must be a power of two >= {low}, got {v!r}"
-        elif k in ("BLOCK_DV", "score_chunk"):
+        elif k in ("BLOCK_DV", "score_chunk", "latent_chunk"):
             if not is_int or v < 0 or (v and (v < 16 or v & (v - 1))):
                 what = "all channels" if k == "BLOCK_DV" else "one score dot"
                 return f"{k} must be 0 ({what}) or a power of two >= 16, got {v!r}"
