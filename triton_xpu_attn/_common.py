@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
+import numbers
+import threading
 from typing import Any, Iterable
 
 import torch
@@ -76,6 +79,8 @@ def check_same_device(*, host_ok: bool = False, **tensors: torch.Tensor | None) 
     for name, t in tensors.items():
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):  # e.g. sinks as a Python list
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if device is None:
             device, first = t.device, name
         elif t.device != device:
@@ -98,20 +103,78 @@ def check_kernel_device(name: str, device: torch.device) -> None:
         )
 
 
+# ---- the argument contract: every op checks its scalars through these (issue 29) ----
+# A scalar of the wrong type raises TypeError, one out of range or not finite ValueError, both
+# naming the argument. Tensors are refused where a Python scalar is expected: reading one would
+# sync with the host. bool is not an int here (``causal=1``, ``num_splits=True`` are mistakes).
+
+
+def _check_number(value: Any, name: str, kind: type, what: str, minimum, allow_none: bool):
+    """``value`` converted to ``int``/``float`` when it is a ``kind`` number (not a bool), finite and
+    at least ``minimum``; None where allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}{' or None' if allow_none else ''}, got {type(value).__name__}")
+    value = int(value) if kind is numbers.Integral else float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
+    """``value`` as an int (a Python or numpy integer), at least ``minimum``; None where allowed."""
+    return _check_number(value, name, numbers.Integral, "an int", minimum, allow_none)
+
+
+def check_real(value: Any, name: str, *, minimum: float | None = None, allow_none: bool = False) -> float | None:
+    """``value`` as a finite float (a Python or numpy real number), at least ``minimum``; None
+    where allowed."""
+    return _check_number(value, name, numbers.Real, "a real number", minimum, allow_none)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` as a bool: only ``True``/``False`` (``causal="no"`` is not true)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_window(value: Any, name: str = "window_size") -> tuple[int, int]:
+    """A ``(left, right)`` attention window: two ints >= -1 (-1: unbounded on that side)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (left, right) pair of ints, got {value!r}")
+    left, right = (check_int(v, f"{name}[{i}]", minimum=-1) for i, v in enumerate(value))
+    return left, right
+
+
 def check_page_size(page_size: Any, name: str = "page_size") -> int:
-    if isinstance(page_size, bool) or not isinstance(page_size, int):
-        raise TypeError(f"{name} must be an int, got {type(page_size).__name__}")
+    page_size = check_int(page_size, name)
     if page_size not in SUPPORTED_PAGE_SIZES:
         raise ValueError(f"{name} must be a power of two from 1 to 256, got {page_size}")
     return page_size
 
 
 def check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = check_int(value, name)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
+
+
+def validate_query_offsets(cu_seqlens_q: torch.Tensor, max_seqlen_q: int | None, name: str = "cu_seqlens_q") -> None:
+    """validate=True, for every op that takes query offsets: ``cu_seqlens_q`` (on the host) starts
+    at 0 (else the rows before it are never written), and ``max_seqlen_q``, when given, covers
+    every request (else the rows past it are never written)."""
+    if cu_seqlens_q.numel() and int(cu_seqlens_q[0]) != 0:
+        raise ValueError(f"{name}[0] must be 0, got {int(cu_seqlens_q[0])}")
+    if max_seqlen_q is not None and cu_seqlens_q.numel() > 1:
+        q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        b = int(q_lens.argmax())
+        if int(q_lens[b]) > max_seqlen_q:
+            raise ValueError(f"max_seqlen_q = {max_seqlen_q} but request {b} has {int(q_lens[b])} queries")
 
 
 def validate_lengths_and_pages(lengths_name: str, lengths: torch.Tensor, page_table: torch.Tensor, page_size: int,
@@ -146,8 +209,19 @@ def interpreter_float32(*tensors: torch.Tensor | None) -> tuple:
     return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t for t in tensors)
 
 
+#: Triton's interpreter keeps a launch's grid and its patched ``triton.language`` in process-wide
+#: state: two threads launching at once break each other ("y >= grid_dim[1]", "Did you forget to
+#: add @triton.jit ?"). Interpreted launches take turns on this lock (reentrant: a launcher's
+#: combine step runs inside its guard); compiled launches run concurrently.
+_INTERPRETER_LOCK = threading.RLock()
+
+
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` current while launching, so ``cuda:1`` / ``xpu:1`` inputs run on their GPU."""
+    """Make ``device`` current while launching, so ``cuda:1`` / ``xpu:1`` inputs run on their GPU;
+    under the interpreter, one thread's launches at a time (``_INTERPRETER_LOCK``). Every kernel
+    launch of the package sits inside one."""
+    if _device.is_interpreter():
+        return _INTERPRETER_LOCK  # the interpreter runs on the host whatever device the tensors are on
     if device.type == "cuda":
         return torch.cuda.device(device)
     if device.type == "xpu":

@@ -24,6 +24,8 @@ from .. import device as _device
 from .._common import (
     INDEX_DTYPES,
     cdiv,
+    check_bool,
+    check_int,
     check_page_size,
     check_positive_int,
     check_same_device,
@@ -406,10 +408,8 @@ def make_local_attention_virtual_batches(
     page_size = check_page_size(_as_int(page_size))
     if not isinstance(preserve_attn_chunk_size, (bool, np.bool_)):
         raise TypeError(f"preserve_attn_chunk_size must be a bool, got {type(preserve_attn_chunk_size).__name__}")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
-    if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, numbers.Integral) or num_pages < 0):
-        raise ValueError(f"num_pages must be a non-negative int, got {num_pages!r}")
+    check_bool(validate, "validate")
+    num_pages = check_int(num_pages, "num_pages", minimum=0, allow_none=True)
     device = block_table.device
     # CPU inputs while the kernels run on a GPU: the host path (CPU in, CPU out)
     on_host = device.type == "cpu" and _device.backend() != "interpreter"

@@ -29,8 +29,6 @@ a tile, load the next tile's page ids one iteration ahead; H100, P=1, H=128: 163
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +40,10 @@ from .._common import (
     FP8_DTYPES,
     INDEX_DTYPES,
     cdiv,
+    check_bool,
+    check_int,
     check_page_size,
+    check_real,
     check_same_device,
     check_tensor,
     device_guard,
@@ -462,12 +463,6 @@ def _workspace_layout(rows_n: int, num_heads: int, splits: int, head_dim_v: int)
     return po, po, po + pl
 
 
-def _check_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return value
-
-
 def flash_mla_get_workspace_size(
     max_seq_len: int,
     num_batches: int,
@@ -512,7 +507,7 @@ def flash_mla_get_workspace_size(
     """
     for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches), ("num_heads", num_heads),
                     ("page_size", page_size), ("num_kv_splits", num_kv_splits), ("q_len", q_len), ("head_dim_v", head_dim_v)):
-        _check_int(v, name)
+        check_int(v, name)
     if max_seq_len < 0 or num_batches < 0 or num_heads < 0:
         raise ValueError("max_seq_len, num_batches and num_heads must be non-negative")
     if page_size != 0:
@@ -617,7 +612,7 @@ def split_queries(q_nope: torch.Tensor, q_pe: torch.Tensor | None, head_dim_v: i
             if width not in _KNOWN_SPLITS:
                 raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
             head_dim_v = _KNOWN_SPLITS[width]
-        _check_int(head_dim_v, "head_dim_v")
+        check_int(head_dim_v, "head_dim_v")
         if not 0 < head_dim_v < width:
             raise ValueError(f"head_dim_v must be in [1, {width - 1}] for combined queries of width {width}, got {head_dim_v}")
         if q_nope.stride(-1) != 1:
@@ -655,11 +650,8 @@ def check_latent_cache(cache, dtype: torch.dtype, R: int, DR: int) -> int:
 
 
 def check_sm_scale(sm_scale) -> float:
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-    return float(sm_scale)
+    """``sm_scale`` as a finite float (the argument contract: ``_common.check_real``)."""
+    return check_real(sm_scale, "sm_scale")
 
 
 def as_kv_scale(kv_scale, device):
@@ -782,18 +774,18 @@ def flash_mla_decode(
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table must have {batch} rows (one per request), got shape {list(page_table.shape)}")
     sm_scale = check_sm_scale(sm_scale)
-    _check_int(num_kv_splits, "num_kv_splits")
+    check_int(num_kv_splits, "num_kv_splits")
     if workspace is not None:
         check_tensor("workspace", workspace, ndim=1)
     device = check_same_device(
         q_nope=q_nope, q_pe=q_pe, kv_c_and_k_pe_cache=cache, seq_lens=seq_lens, page_table=page_table, workspace=workspace
     )
     host_scale, scale_tensor = as_kv_scale(kv_scale, device)
-    if validate:
+    if check_bool(validate, "validate"):
         validate_lengths_and_pages("seq_lens", seq_lens, page_table, page_size, cache.shape[0])
 
     out = torch.empty((*lead, R), dtype=dtype, device=device)
-    lse = torch.empty(lead, dtype=torch.float32, device=device) if return_lse else None
+    lse = torch.empty(lead, dtype=torch.float32, device=device) if check_bool(return_lse, "return_lse") else None
     rows = q_len * num_heads
     max_pages = page_table.shape[1]
     compute_units = _device.compute_units(device)

@@ -45,6 +45,8 @@ from .._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     cdiv,
+    check_bool,
+    check_int,
     check_page_size,
     check_same_device,
     check_tensor,
@@ -52,10 +54,10 @@ from .._common import (
     interpreter_float32,
     next_power_of_2,
     validate_lengths_and_pages,
+    validate_query_offsets,
 )
 from .mla_decode import (
     LOG2E,
-    _check_int,
     _mla_decode_kernel,
     as_kv_scale,
     latent_chunk,
@@ -99,7 +101,7 @@ def flash_mla_prefill_get_workspace_size(
     """
     for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches), ("num_heads", num_heads),
                     ("page_size", page_size), ("num_kv_splits", num_kv_splits)):
-        _check_int(v, name)
+        check_int(v, name)
     if max_seq_len < 0 or num_batches < 0 or num_heads < 0:
         raise ValueError("max_seq_len, num_batches and num_heads must be non-negative")
     if page_size != 0:
@@ -109,7 +111,7 @@ def flash_mla_prefill_get_workspace_size(
 
 
 def _check_splits(num_kv_splits) -> None:
-    _check_int(num_kv_splits, "num_kv_splits")
+    check_int(num_kv_splits, "num_kv_splits")
     if num_kv_splits > 1:
         raise ValueError(
             f"num_kv_splits={num_kv_splits}: flash_mla_prefill does not split the keys (its query tiles fill the "
@@ -131,14 +133,13 @@ def _heuristic_config(head_dim_v: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_H=64, BLOCK_N=64, BLOCK_DV=0, num_warps=8, num_stages=2, kv_desc=_device.backend() == "cuda")
 
 
-def _validate_queries(cu_seqlens_q: torch.Tensor, total_q: int) -> None:
+def _validate_queries(cu_seqlens_q: torch.Tensor, total_q: int, max_seqlen_q: int | None) -> None:
     cu = cu_seqlens_q.long().cpu()
-    if int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens_q[0] must be 0, got {int(cu[0])}")
     if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
         raise ValueError("cu_seqlens_q must be non-decreasing")
     if int(cu[-1]) > total_q:
         raise ValueError(f"cu_seqlens_q[-1] = {int(cu[-1])} exceeds q_nope.shape[0] = {total_q}")
+    validate_query_offsets(cu, max_seqlen_q)
 
 
 def flash_mla_prefill(
@@ -234,30 +235,26 @@ def flash_mla_prefill(
         raise ValueError("cu_seqlens_q must hold B + 1 >= 1 offsets, got an empty tensor")
     batch = cu_seqlens_q.shape[0] - 1
     check_tensor("seq_lens_k", seq_lens_k, dtypes=INDEX_DTYPES, shape=(batch,))
-    if max_seqlen_q is not None:
-        _check_int(max_seqlen_q, "max_seqlen_q")
-        if max_seqlen_q < 0:
-            raise ValueError(f"max_seqlen_q must be non-negative, got {max_seqlen_q}")
+    max_seqlen_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0, allow_none=True)
     check_tensor("page_table", page_table, dtypes=INDEX_DTYPES, ndim=2, last_dim_contiguous=True)
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table must have {batch} rows (one per request), got shape {list(page_table.shape)}")
     if workspace is not None:
         check_tensor("workspace", workspace)
     sm_scale = check_sm_scale(sm_scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    causal = check_bool(causal, "causal")
     _check_splits(num_kv_splits)
     device = check_same_device(
         q_nope=q_nope, q_pe=q_pe, kv_c_and_k_pe_cache=cache, cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k,
         page_table=page_table, workspace=workspace,
     )
     host_scale, scale_tensor = as_kv_scale(kv_scale, device)
-    if validate:
-        _validate_queries(cu_seqlens_q, total_q)
+    if check_bool(validate, "validate"):
+        _validate_queries(cu_seqlens_q, total_q, max_seqlen_q)
         validate_lengths_and_pages("seq_lens_k", seq_lens_k, page_table, page_size, cache.shape[0])
 
     out = torch.empty((total_q, num_heads, R), dtype=dtype, device=device)
-    lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if return_lse else None
+    lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if check_bool(return_lse, "return_lse") else None
     if total_q == 0 or num_heads == 0:
         return (out, lse) if return_lse else out
 

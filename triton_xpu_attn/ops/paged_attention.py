@@ -36,9 +36,13 @@ from .._common import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     cdiv,
+    check_bool,
+    check_int,
     check_page_size,
+    check_real,
     check_same_device,
     check_tensor,
+    check_window,
     device_guard,
     dtype_names,
     interpreter_float32,
@@ -49,6 +53,7 @@ from .._common import (
     register_xpu_compile,
     softmax_step,
     validate_lengths_and_pages,
+    validate_query_offsets,
     whole_wave_splits,
 )
 from .merge_state import combine_splits
@@ -921,7 +926,8 @@ def score_chunk(config: dict, kv_load: int, head_dim: int) -> int:
     return chunk if kv_load == 2 and 0 < chunk < next_power_of_2(head_dim) else 0
 
 
-def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q) -> None:
+def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q,
+              max_q=None) -> None:
     """validate=True: the checks that need the lengths and page ids on the host."""
     validate_lengths_and_pages("cache_seqlens", cache_seqlens, page_table, page_size, num_pages)
     lens = cache_seqlens.long().cpu()
@@ -930,6 +936,7 @@ def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uni
         q_lens = cu[1:] - cu[:-1]
         if int(cu[0]) < 0 or (q_lens < 0).any() or int(cu[-1]) > total_q:
             raise ValueError(f"cu_seqlens_q must be non-decreasing from >= 0 up to at most total_q = {total_q}")
+        validate_query_offsets(cu, max_q)
     else:
         q_lens = torch.full_like(lens, uniform_q_len)
     if (q_lens > lens).any():
@@ -1134,7 +1141,7 @@ def flash_attn_with_kvcache(
         if not cu_seqlens_q.is_contiguous():
             cu_seqlens_q = cu_seqlens_q.contiguous()
         uniform_q_len = 0
-        max_q = max_seqlen_q if max_seqlen_q else None
+        max_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0, allow_none=True) or None
         mapping = _PER_REQUEST if max_q is not None else _SEARCH
     total_q = q.shape[0]
 
@@ -1142,8 +1149,8 @@ def flash_attn_with_kvcache(
         q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
         cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
     )
-    if validate:
-        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q)
+    if check_bool(validate, "validate"):
+        _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q, max_q)
     return _launch(
         q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
         cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
@@ -1171,11 +1178,13 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     total_q = q.shape[0]
     page_size = 0 if contiguous else k.shape[1]  # 0: the kernel's contiguous-K/V mode
 
-    left, right = (int(w) for w in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size entries must be >= -1, got {tuple(window_size)}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0, got {softcap}")
+    # the argument contract (_common): every scalar checked once, here, for both public ops
+    left, right = check_window(window_size)
+    softcap = check_real(softcap, "softcap", minimum=0.0)
+    causal = check_bool(causal, "causal")
+    return_softmax_lse = check_bool(return_softmax_lse, "return_softmax_lse")
+    softmax_scale = check_real(softmax_scale, "softmax_scale", allow_none=True)
+    num_splits = check_int(num_splits, "num_splits", minimum=0)
     if sinks is not None:
         check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
         sinks = sinks.contiguous()
@@ -1186,14 +1195,12 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     else:
         check_tensor("out", out, dtypes=(q.dtype,), shape=(total_q, num_q_heads, head_dim_v), last_dim_contiguous=True)
     lse = torch.empty((num_q_heads, total_q), dtype=torch.float32, device=device) if return_softmax_lse else None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
     if total_q == 0 or batch == 0 or k.numel() == 0:  # no query, or no key anywhere: nothing to launch
         if lse is not None:
             lse.fill_(float("-inf"))
         out.zero_()
         return (out, lse) if return_softmax_lse else out
-    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
 
     # ---- tiling: (token, head) rows of one KV head's query group ----
     decode_like = max_q is not None and max_q <= 16

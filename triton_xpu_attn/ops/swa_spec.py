@@ -15,6 +15,7 @@ import triton.language as tl
 from .._common import (
     INDEX_DTYPES,
     cdiv,
+    check_bool,
     check_positive_int,
     check_same_device,
     check_tensor,
@@ -243,8 +244,7 @@ def prepare_swa_spec_page_table(
         )
     if full_to_swa is not None:
         _check_mapping(full_to_swa)
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    check_bool(validate, "validate")
     if swa_pool_size is not None:
         check_positive_int(swa_pool_size, "swa_pool_size")
         if not validate:

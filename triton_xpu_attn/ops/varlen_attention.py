@@ -8,11 +8,17 @@ construction and tune through the same config buckets (``q="varlen"``, see the l
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from .._common import FLOAT_DTYPES, FP8_DTYPES, check_same_device, check_tensor
+from .._common import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check_bool,
+    check_int,
+    check_same_device,
+    check_tensor,
+    validate_query_offsets,
+)
 from .paged_attention import _PER_REQUEST, _SEARCH, _check_heads, _launch
 
 _UNSUPPORTED = {
@@ -23,21 +29,6 @@ _UNSUPPORTED = {
 }
 
 
-def _optional_int(name: str, value) -> int | None:
-    """``None``/0 -> None, a Python or numpy int -> int; anything else (a tensor: a host sync) -> TypeError."""
-    if value is None:
-        return None
-    if isinstance(value, (bool, torch.Tensor)):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value or None
-
-
 def _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int, max_q: int | None) -> None:
     """validate=True: the checks that need the lengths on the host."""
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q), ("cu_seqlens_k", cu_seqlens_k, total_k)):
@@ -45,9 +36,7 @@ def _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int,
         if int(c[0]) < 0 or bool((c[1:] < c[:-1]).any()) or int(c[-1]) > total:
             raise ValueError(f"{name} must be non-decreasing from >= 0 up to at most {total} (the rows of "
                              f"{'q' if name == 'cu_seqlens_q' else 'k'}), got {c.tolist()}")
-    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long().cpu()
-    if max_q is not None and q_lens.numel() and int(q_lens.max()) > max_q:
-        raise ValueError(f"max_seqlen_q = {max_q} but request {int(q_lens.argmax())} has {int(q_lens.max())} queries")
+    validate_query_offsets(cu_seqlens_q.long().cpu(), max_q)
     if seqused_k is not None:
         slices = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long().cpu()
         used = seqused_k.long().cpu()
@@ -177,13 +166,13 @@ def flash_attn_varlen_func(
     check_tensor("cu_seqlens_k", cu_seqlens_k, dtypes=(torch.int32,), shape=(batch + 1,))
     if seqused_k is not None:
         check_tensor("seqused_k", seqused_k, dtypes=(torch.int32,), shape=(batch,))
-    max_q = _optional_int("max_seqlen_q", max_seqlen_q)
-    max_k = _optional_int("max_seqlen_k", max_seqlen_k)
+    max_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0, allow_none=True) or None  # 0: not given
+    max_k = check_int(max_seqlen_k, "max_seqlen_k", minimum=0, allow_none=True) or None
     device = check_same_device(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, sinks=sinks, out=out,
     )
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    if validate:
+    if check_bool(validate, "validate"):
         _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, q.shape[0], total_k, max_q)
     # keys per request: seqused_k, else cu_seqlens_k[1:] - a view, no launch: the kernel takes
     # min(this, the slice length), and cu_seqlens_k[b + 1] >= the slice length of request b

@@ -117,7 +117,7 @@ def flash_attn_varlen_func(
     ):
         if not ok:
             raise ValueError(f"{name}={value!r} is not supported by triton_xpu_attn's flash_attn_varlen_func")
-    window_size = (-1, -1) if window_size is None else tuple(int(x) for x in window_size)
+    window_size = (-1, -1) if window_size is None else window_size  # entries checked by the op (ints >= -1)
     softcap = softcap or 0.0
     splits = num_splits if num_splits_kv is None else num_splits_kv
     if seqused_k is None and host_kv_lens is not None:
@@ -152,7 +152,7 @@ def _latent_attention(q, kv_cache, v, max_seqlen_q, cu_seqlens_q, seqused_k, blo
                       window_size, softcap, sinks, k_descale, v_descale, return_softmax_lse, out):
     """vLLM's MLA call (latent cache, V = its first Dv channels) on our MLA kernels."""
     for name, ok in (
-        ("window_size", window_size == (-1, -1)), ("softcap", not softcap), ("s_aux", sinks is None),
+        ("window_size", tuple(window_size) == (-1, -1)), ("softcap", not softcap), ("s_aux", sinks is None),
         ("k_descale", k_descale is None), ("v_descale", v_descale is None),
     ):
         if not ok:
