@@ -548,7 +548,7 @@ def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False
         # pages of whole key tiles: the latent tile through block pointers (2D block reads), its
         # score dot in 64-channel chunks (q chunks beside K^T chunks), 64 output channels: 0 B at
         # every registered shape (the whole latent tile in 2D spilled 25.6 KB, 128 channels 1.5-2.8 KB);
-        # SLM 40-59 KB -> 4-9 KB, fewer instructions over all channel slices (xpu_native/tiles.txt)
+        # SLM 30-59 KB -> 3-8 KB, fewer instructions over all channel slices (xpu_native/tiles.txt)
         tiles.update(latent_chunk=64, num_stages=1)
     return tiles
 
