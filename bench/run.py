@@ -7,12 +7,14 @@
 
 Each op's benchmark (``bench/bench_<op>.py``) runs in this process, one after the other (the device
 ceilings, copy bandwidth and bf16 matmul throughput, are measured once) and writes
-``<out>/<device_key>/<op>.csv`` / ``.md`` / ``.json`` (``--quick``: ``<out>/<device_key>/quick/``).
+``<out>/<device_key>/<op>.csv`` / ``.md`` / ``.json`` (``--quick``: ``<out>/<device_key>/quick/``, which git
+ignores: smoke results a user did not ask to keep leave the checkout clean).
 Then ``summary.md`` (one table: per op, % of the copy roofline, TFLOP/s, speedup vs its peer and the
 tuned-vs-heuristic gain from the device's config file) and ``roofline.png`` are written from every
 op's files in that folder, so a suite split over several calls with ``--ops`` ends with a complete
 summary. Without matplotlib the picture is skipped; ``--plot-only`` draws it later (it needs neither
-torch nor Triton). ``--peers DIR`` (sglang's Triton kernels and the FlashInfer bundle, see ../shared/peers/README.md)
+torch nor Triton). ``--peers DIR`` (a folder with sglang's Triton kernels, sgl_loader.py and the unpacked sglang wheel,
+and FlashInfer's, flashinfer_peer.py and its prebuilt bundle)
 goes to the benchmarks that compare with them (paged_attention and mla_decode: sglang;
 mla_prefill, varlen_attention and prefill: FlashInfer). Under the CPU interpreter
 (no GPU) every benchmark runs a tiny smoke case; the times mean nothing there.

@@ -221,6 +221,7 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     under the interpreter, one thread's launches at a time (``_INTERPRETER_LOCK``). Every kernel
     launch of the package sits inside one."""
     if _device.is_interpreter():
+        _device.check_interpreter_usable()  # triton imported first: say what to do, not a Triton error
         return _INTERPRETER_LOCK  # the interpreter runs on the host whatever device the tensors are on
     if device.type == "cuda":
         return torch.cuda.device(device)

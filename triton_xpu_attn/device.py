@@ -28,9 +28,13 @@ def _detect_backend() -> str:
 
 
 _HARDWARE_BACKEND = _detect_backend()
+#: set when triton was imported before this package on a machine without a GPU: the first kernel
+#: launch then raises (``check_interpreter_usable``) instead of failing inside Triton
+_TRITON_IMPORTED_FIRST = False
 if _HARDWARE_BACKEND == "interpreter" and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
     if "triton" in sys.modules:
+        _TRITON_IMPORTED_FIRST = True
         # triton's own @jit library functions (tl.sum, tl.max, tl.cdiv, ...) were built for
         # compiled mode when triton was imported; the interpreter cannot call them afterwards.
         warnings.warn(
@@ -39,6 +43,20 @@ if _HARDWARE_BACKEND == "interpreter" and "TRITON_INTERPRET" not in os.environ:
             "triton_xpu_attn first, or set TRITON_INTERPRET=1 before importing triton.",
             RuntimeWarning,
             stacklevel=2,
+        )
+
+
+def check_interpreter_usable() -> None:
+    """Raise a ``RuntimeError`` that says what to do when triton was imported before this package
+    on a machine without a GPU: Triton's library functions (``tl.sum``, ``tl.max``, ...) were then
+    built for compiled mode, and every interpreted kernel would fail inside Triton with
+    "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    if _TRITON_IMPORTED_FIRST:
+        raise RuntimeError(
+            "triton was imported before triton_xpu_attn on a machine without a GPU, so Triton's library "
+            "functions were built for compiled mode and the CPU interpreter cannot run the kernels. Import "
+            "triton_xpu_attn before triton (e.g. first in your script), or start Python with TRITON_INTERPRET=1 "
+            "set (TRITON_INTERPRET=1 python ...)."
         )
 
 
