@@ -13,8 +13,6 @@ CUDA graph.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 import triton
@@ -225,11 +223,9 @@ def max_local_attention_virtual_batches(batch_size: int, num_tokens: int, attn_c
     Both are attained. Pure decode (every ``q_b <= 1``) has ``V == B`` exactly, and a batch whose
     ``q_b <= C`` has ``V <= 2 B``.
     """
-    for name, value in (("batch_size", batch_size), ("num_tokens", num_tokens)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    chunk = check_positive_int(_as_int(attn_chunk_size), "attn_chunk_size")
-    batch, tokens = int(batch_size), int(num_tokens)
+    batch = check_int(batch_size, "batch_size", minimum=0)
+    tokens = check_int(num_tokens, "num_tokens", minimum=0)
+    chunk = check_positive_int(attn_chunk_size, "attn_chunk_size")
     if batch == 0:
         if tokens:
             raise ValueError(f"num_tokens must be 0 when batch_size is 0, got {tokens}")
@@ -238,10 +234,6 @@ def max_local_attention_virtual_batches(batch_size: int, num_tokens: int, attn_c
         return batch + max(tokens - 1, 0)
     m = min(batch, tokens // 2)
     return batch + m + (tokens - 2 * m) // chunk
-
-
-def _as_int(value):
-    return int(value) if isinstance(value, np.integer) else value
 
 
 def _lengths_to_tensor(name: str, value, device: torch.device) -> torch.Tensor:
@@ -404,8 +396,8 @@ def make_local_attention_virtual_batches(
     numpy_mode = isinstance(query_start_loc, np.ndarray)
     if numpy_mode != isinstance(seq_lens, np.ndarray):
         raise TypeError("query_start_loc and seq_lens must both be numpy arrays or both be torch tensors")
-    chunk = check_positive_int(_as_int(attn_chunk_size), "attn_chunk_size")
-    page_size = check_page_size(_as_int(page_size))
+    chunk = check_positive_int(attn_chunk_size, "attn_chunk_size")
+    page_size = check_page_size(page_size)
     if not isinstance(preserve_attn_chunk_size, (bool, np.bool_)):
         raise TypeError(f"preserve_attn_chunk_size must be a bool, got {type(preserve_attn_chunk_size).__name__}")
     check_bool(validate, "validate")
@@ -436,9 +428,7 @@ def make_local_attention_virtual_batches(
         raise ValueError(f"attn_chunk_size ({chunk}) must be a multiple of page_size ({page_size})")
     pages_per_chunk = chunk // page_size
     if max_virtual_batches is not None:
-        max_virtual_batches = _as_int(max_virtual_batches)
-        if isinstance(max_virtual_batches, bool) or not isinstance(max_virtual_batches, int) or max_virtual_batches < 0:
-            raise ValueError(f"max_virtual_batches must be a non-negative int, got {max_virtual_batches!r}")
+        max_virtual_batches = check_int(max_virtual_batches, "max_virtual_batches", minimum=0)
     if out is not None:
         max_virtual_batches = _check_out(out, max_virtual_batches, pages_per_chunk, device)
     if max_virtual_batches is not None and max_virtual_batches < batch:
