@@ -251,6 +251,25 @@ def paged_rows_descriptors(cache: torch.Tensor, page_size: int, row_width: int, 
 
 
 @triton.jit
+def block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+                TRANSPOSED: tl.constexpr):
+    """Block pointer over ``BLOCK_ROWS`` cache rows of ``width`` elements whose row ``skip`` is at
+    ``base``: rows ``skip .. skip + rows - 1`` of the block are the valid ones, the rest (and
+    columns past ``width``) read as 0 through the boundary check, so a row no query may see is
+    never loaded. ``TRANSPOSED``: the block is ``[BLOCK_W, BLOCK_ROWS]``, column-major (K^T), the
+    form triton-xpu turns into transposed 2D block reads (rows loaded and transposed stay gathers);
+    else ``[BLOCK_ROWS, BLOCK_W]`` row-major (V). The row pitch is a kernel argument: a pitch
+    computed in the kernel keeps triton-xpu on gathers (shared/notes/xpu_native.md)."""
+    if TRANSPOSED:
+        block = tl.make_block_ptr(base, shape=(width, rows), strides=(1, stride_tok), offsets=(0, -skip),
+                                  block_shape=(BLOCK_W, BLOCK_ROWS), order=(0, 1))
+    else:
+        block = tl.make_block_ptr(base, shape=(rows, width), strides=(stride_tok, 1), offsets=(-skip, 0),
+                                  block_shape=(BLOCK_ROWS, BLOCK_W), order=(1, 0))
+    return block
+
+
+@triton.jit
 def tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
     """Kernel helper: cache row of key ``n0`` in the ``[token rows, row]`` view that
     ``paged_rows_descriptors`` gives: through the page table row ``pt_row`` (0 when ``n0 >= hi``,

@@ -39,6 +39,7 @@ from .._common import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     INDEX_DTYPES,
+    block_rows,
     cdiv,
     check_bool,
     check_int,
@@ -285,7 +286,8 @@ def _mla_decode_kernel(
         tail = desc_hi
     else:
         tail = lo
-    q_n_rows = q_nope_ptr + (b * stride_qn_b + q_tok.to(tl.int64) * stride_qn_t + head * stride_qn_h)[:, None]
+    if LATENT_CHUNK > 0:  # q rows read a latent chunk at a time beside each K^T chunk
+        q_n_rows = q_nope_ptr + (b * stride_qn_b + q_tok.to(tl.int64) * stride_qn_t + head * stride_qn_h)[:, None]
     for start in range(tail, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
@@ -302,18 +304,15 @@ def _mla_decode_kernel(
                                   boundary_check=(0, 1), padding_option="zero")
                 else:
                     q_c = tl.load(q_n_rows + lc[None, :], mask=row_ok[:, None] & (lc[None, :] < R), other=0.0)
-                k_c = tl.load(tl.make_block_ptr(kv_tile + c * LATENT_CHUNK, shape=(R - c * LATENT_CHUNK, rows_here),
-                                                strides=(1, stride_kv_row), offsets=(0, 0),
-                                                block_shape=(LATENT_CHUNK, BLOCK_N), order=(0, 1)),
+                k_c = tl.load(block_rows(kv_tile + c * LATENT_CHUNK, stride_kv_row, R - c * LATENT_CHUNK, rows_here, 0,
+                                         BLOCK_N, LATENT_CHUNK, True),
                               boundary_check=(0, 1), padding_option="zero")
                 part = _latent_dot(q_c, tl.trans(k_c.to(q_c.dtype)), DOT_PRECISION)
                 s_lat = part if c == 0 else s_lat + part
-            k_pe = tl.load(tl.make_block_ptr(kv_tile + R, shape=(rows_here, DR), strides=(stride_kv_row, 1), offsets=(0, 0),
-                                             block_shape=(BLOCK_N, BLOCK_DR), order=(1, 0)),
+            k_pe = tl.load(block_rows(kv_tile + R, stride_kv_row, DR, rows_here, 0, BLOCK_N, BLOCK_DR, False),
                            boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
-            v = tl.load(tl.make_block_ptr(kv_tile + dv_tile * BLOCK_DV, shape=(rows_here, R - dv_tile * BLOCK_DV),
-                                          strides=(stride_kv_row, 1), offsets=(0, 0), block_shape=(BLOCK_N, BLOCK_DV),
-                                          order=(1, 0)),
+            v = tl.load(block_rows(kv_tile + dv_tile * BLOCK_DV, stride_kv_row, R - dv_tile * BLOCK_DV, rows_here, 0,
+                                   BLOCK_N, BLOCK_DV, False),
                         boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
             acc, m_i, l_i = _mla_tile(
                 q_n, q_p, s_lat, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,

@@ -35,6 +35,7 @@ from .. import tune
 from .._common import (
     FLOAT_DTYPES,
     FP8_DTYPES,
+    block_rows,
     cdiv,
     check_bool,
     check_int,
@@ -122,25 +123,6 @@ def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr, RESCALE: tl.const
     return tl.dot(p, v, acc, out_dtype=tl.float32, input_precision=DOT_PRECISION)
 
 
-@triton.jit
-def _block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
-                TRANSPOSED: tl.constexpr):
-    """Block pointer over ``BLOCK_ROWS`` cache rows of ``width`` elements whose row ``skip`` is at
-    ``base``: rows ``skip .. skip + rows - 1`` of the block are the valid ones, the rest (and
-    columns past ``width``) read as 0 through the boundary check, so a row no query may see is
-    never loaded. ``TRANSPOSED``: the block is ``[BLOCK_W, BLOCK_ROWS]``, column-major (K^T), the
-    form triton-xpu turns into transposed 2D block reads (rows loaded and transposed stay gathers);
-    else ``[BLOCK_ROWS, BLOCK_W]`` row-major (V). The row pitch is a kernel argument: a pitch
-    computed in the kernel keeps triton-xpu on gathers (shared/notes/xpu_native.md)."""
-    if TRANSPOSED:
-        block = tl.make_block_ptr(base, shape=(width, rows), strides=(1, stride_tok), offsets=(0, -skip),
-                                  block_shape=(BLOCK_W, BLOCK_ROWS), order=(0, 1))
-    else:
-        block = tl.make_block_ptr(base, shape=(rows, width), strides=(stride_tok, 1), offsets=(-skip, 0),
-                                  block_shape=(BLOCK_ROWS, BLOCK_W), order=(1, 0))
-    return block
-
-
 if hasattr(tl, "make_tensor_descriptor"):
     @triton.jit
     def _rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -176,7 +158,7 @@ def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.const
 def _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr,
                SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a block-pointer key tile."""
-    k = tl.load(_block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
+    k = tl.load(block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
                             SCORE_CHUNK, True),
                 boundary_check=(0, 1), padding_option="zero")
     return _score_dot(q_chunk, k, DOT_PRECISION)
@@ -243,7 +225,7 @@ def _tile(
         if KV_LOAD == 3:
             k = tl.trans(_rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, BLOCK_D).load([-skip, 0]))
         elif SCORE_CHUNK == 0:
-            k = tl.load(_block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
+            k = tl.load(block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
                         boundary_check=(0, 1), padding_option="zero")
     else:
         if PAGE_SIZE >= BLOCK_N:
@@ -291,7 +273,7 @@ def _tile(
     if KV_LOAD == 3:
         v = _rows_descriptor(v_tile, stride_v_tok, head_dim_v, rows, BLOCK_N, BLOCK_DV).load([-skip, 0])
     elif KV_LOAD == 2:
-        v = tl.load(_block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
+        v = tl.load(block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
                     boundary_check=(0, 1), padding_option="zero")
     else:
         v = tl.load(
