@@ -270,10 +270,31 @@ def block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BL
 
 
 @triton.jit
+def clamp_page(page, num_pages):
+    """Kernel helper: page ids ``page`` (int32 or int64, scalar or tensor) with an id outside the
+    pool ``[0, num_pages)`` (``num_pages >= 1``; the launchers return early on an empty cache)
+    replaced by the pool's last page, as an unsigned int of their width (one unsigned min: a
+    negative id wraps past any pool size; widen with ``.to(tl.int64)``). With ``validate=False``
+    the ops trust no page table: such an id is never followed, the keys it names read the last
+    page's rows in its place (in bounds, deterministic). Checks that make the result loud (NaN
+    scores) cost decode kernels registers and occupancy (experiments/untrusted_metadata.txt)."""
+    # (num_pages - 1 joins the unsigned compare at the ids' width; as a plain int when Triton
+    # specialises a one-page pool's count to the constant 1). int64 tables: unsigned int64
+    if page.dtype.is_int64():
+        return tl.minimum(page.to(tl.uint64, bitcast=True), num_pages - 1)
+    else:
+        return tl.minimum(page.to(tl.uint32, bitcast=True), num_pages - 1)
+
+
+@triton.jit
 def tile_row(pt_row, kv_start, n0, hi, PAGE_SIZE: tl.constexpr):
     """Kernel helper: cache row of key ``n0`` in the ``[token rows, row]`` view that
     ``paged_rows_descriptors`` gives: through the page table row ``pt_row`` (0 when ``n0 >= hi``,
-    a tile that is never loaded), or ``kv_start + n0`` for contiguous K/V (``PAGE_SIZE = 0``)."""
+    a tile that is never loaded), or ``kv_start + n0`` for contiguous K/V (``PAGE_SIZE = 0``).
+    No ``clamp_page`` here: a descriptor load bounds-checks its coordinates in hardware (TMA, Intel
+    2D block reads), so a page id outside the pool reads zeros (or, past int32, a wrapped row of
+    the cache), never memory outside it; a clamp in this prefetch cost TMA prefill 1.5% on an H100
+    (experiments/untrusted_metadata.txt)."""
     if PAGE_SIZE == 0:
         return kv_start + n0
     else:

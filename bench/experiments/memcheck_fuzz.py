@@ -57,7 +57,68 @@ def _cases():
         return lambda: T.normalize_page_table(torch.arange(64, dtype=torch.int32, device=dev).view(2, 32),
                                               i32(pool_indices), i32([16, 16]), 4)
 
+    gen = torch.Generator(device="cpu").manual_seed(29)
+
+    def wild(rows, cols, pool):
+        """A page table of ids drawn from the whole int32 range, a few inside the pool."""
+        t = torch.randint(-2**31, 2**31 - 1, (rows, cols), generator=gen, dtype=torch.int64)
+        t[:, ::2] = torch.randint(0, pool, (rows, (cols + 1) // 2), generator=gen)
+        return t.to(torch.int32).tolist()
+
+    def fuzz_decode(page, splits=0, q_len=1):
+        pool, cols = 8, 256 // page
+        return lambda: T.flash_attn_with_kvcache(
+            r(3, q_len, 8, 128), r(pool, page, 2, 128), r(pool, page, 2, 128), cache_seqlens=i32([256, 100, 7]),
+            page_table=i32(wild(3, cols, pool)), num_splits=splits)
+
+    def fuzz_prefill(page, q_len=128):
+        pool, cols = 8, 512 // page
+        return lambda: T.flash_attn_with_kvcache(
+            r(2 * q_len, 8, 128), r(pool, page, 2, 128), r(pool, page, 2, 128), cache_seqlens=i32([512, 300]),
+            page_table=i32(wild(2, cols, pool)), cu_seqlens_q=i32([0, q_len, 2 * q_len]), max_seqlen_q=q_len,
+            causal=True)
+
+    def fuzz_mla(page):
+        pool, cols = 4, 256 // page
+        return lambda: T.flash_mla_decode(r(2, 16, 512), r(2, 16, 64), r(pool, page, 576), i32([256, 90]),
+                                          i32(wild(2, cols, pool)), None, 0.1, 1)
+
+    def local(qsl, lens, table_cols=10, max_vb=64):
+        return lambda: T.make_local_attention_virtual_batches(
+            4, i32(qsl), i32(lens), torch.arange(3 * table_cols, dtype=torch.int32, device=dev).view(3, table_cols), 2,
+            max_virtual_batches=max_vb)[0]
+
+    def swa(len_a, len_b, start_a=None, cols=5):
+        return lambda: T.prepare_swa_spec_page_table(
+            torch.zeros(2, cols, dtype=torch.int32, device=dev), i32([[4, 5, 6]]), i32([[7], [8]]), i32(len_a),
+            i32(len_b), 2, seq_start_a=None if start_a is None else i32(start_a))
+
+    def translate(locs):
+        mapping = torch.arange(20, dtype=torch.int64, device=dev)
+        mapping[-1] = -1
+        return lambda: T.translate_loc_from_full_to_swa(mapping, torch.tensor(locs, dtype=torch.int64, device=dev))
+
     return {
+        "local_query_start_loc_decreasing": local([0, 14, 4, 19], [6, 17, 9]),
+        "local_seq_lens_past_table": local([0, 4, 14, 19], [6, 2**30, 9], table_cols=2),
+        "local_seq_lens_negative": local([0, 4, 14, 19], [6, -40, 9]),
+        "local_max_virtual_batches_too_small": local([0, 4, 14, 19], [6, 17, 9], max_vb=3),
+        "swa_lengths_past_tables": swa([2**20], [7, -3]),
+        "swa_start_past_table": swa([3], [1, 1], start_a=[2**30]),
+        "swa_start_negative": swa([3], [1, 1], start_a=[-5]),
+        "translate_locs_outside_mapping": translate([-2**40, -1, 19, 20, 2**40]),
+        "fuzz_decode_p1": fuzz_decode(1),
+        "fuzz_decode_p16_split4": fuzz_decode(16, 4),
+        "fuzz_decode_p64_draft4": fuzz_decode(64, q_len=4),
+        "fuzz_prefill_p1": fuzz_prefill(1),
+        "fuzz_prefill_p16": fuzz_prefill(16),
+        "fuzz_prefill_p64_descriptors": fuzz_prefill(64),
+        "fuzz_mla_p1": fuzz_mla(1),
+        "fuzz_mla_p64": fuzz_mla(64),
+        "mla_page_id_2pow30": mla([[0, 2**30], [1, 2]]),
+        "mla_prefill_cu_q_negative": mla_prefill([0, 2, -3]),
+        "varlen_cu_k_negative": varlen([0, 1, 3], [0, -4, 6]),
+        "normalize_pool_index_minus_1": normalize([-1, 1]),
         "paged_ok": decode([[0, 1], [2, 3]]),
         "paged_page_id_num_pages": decode([[0, 6], [2, 3]]),
         "paged_page_id_minus_1": decode([[0, -1], [2, 3]]),

@@ -52,6 +52,7 @@ from .._common import (
     next_power_of_2,
     paged_rows_descriptors,
     tile_row,
+    clamp_page,
     register_xpu_compile,
     softmax_step,
     validate_lengths_and_pages,
@@ -143,6 +144,7 @@ def _mla_decode_kernel(
     page_table_ptr,  # [B, max_pages]
     stride_pt_b,
     max_pages,
+    num_pages,  # pages in the cache: a page id outside [0, num_pages) is never followed (the last page is read)
     kv_scale_ptr,  # [1] fp32 dequant scale of an fp8 cache (read when HAS_KV_SCALE)
     out_ptr,  # out [B*S, H, R] (q dtype), or partial outputs [B*S, H, splits, R] fp32 when SPLIT
     stride_o_n,
@@ -239,6 +241,8 @@ def _mla_decode_kernel(
     dr = tl.arange(0, BLOCK_DR)
     if RAGGED:
         q_tok = q_start + tok  # row of the ragged q / out (the launcher passes stride_qn_b = stride_qp_b = 0)
+        # whatever cu_seqlens_q holds (validate=False trusts it), no row outside q / out is touched
+        row_ok = row_ok & (q_tok >= 0) & (q_tok < total_q)
     else:
         q_tok = tok
     q_n = tl.load(
@@ -292,7 +296,7 @@ def _mla_decode_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         if LATENT_CHUNK > 0:
-            page = tl.load(pt_row + start // PAGE_SIZE).to(tl.int64)
+            page = clamp_page(tl.load(pt_row + start // PAGE_SIZE), num_pages).to(tl.int64)
             kv_tile = kv_ptr + page * stride_kv_page + (start % PAGE_SIZE) * stride_kv_row
             rows_here = tl.minimum(hi - start, BLOCK_N)
             for c in tl.static_range(BLOCK_R // LATENT_CHUNK):
@@ -320,18 +324,21 @@ def _mla_decode_kernel(
         else:
             if PAGE_SIZE >= BLOCK_N:
                 # the tile lies inside one page (tiles are BLOCK_N aligned, both powers of two)
-                page = tl.load(pt_row + start // PAGE_SIZE).to(tl.int64)
-                row_off = page * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_row
+                page = clamp_page(tl.load(pt_row + start // PAGE_SIZE), num_pages)
+                row_off = page.to(tl.int64) * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_row
             else:
                 if PREFETCH_PAGES:
-                    page = next_pages.to(tl.int64)
+                    page = next_pages
                     ahead = offs_n + BLOCK_N
                     next_pages = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < hi, other=0)
                 else:
-                    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-                row_off = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_row
-            kv = tl.load(kv_ptr + row_off[:, None] + r[None, :], mask=_tile_mask(n_ok, r, R, BLOCK_R), other=0.0)
-            k_pe = tl.load(kv_ptr + row_off[:, None] + R + dr[None, :], mask=_tile_mask(n_ok, dr, DR, BLOCK_DR), other=0.0)
+                    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+                page = clamp_page(page, num_pages)
+                row_off = page.to(tl.int64) * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_row
+            kv = tl.load(kv_ptr + row_off[:, None] + r[None, :], mask=_tile_mask(n_ok, r, R, BLOCK_R),
+                         other=0.0)
+            k_pe = tl.load(kv_ptr + row_off[:, None] + R + dr[None, :], mask=_tile_mask(n_ok, dr, DR, BLOCK_DR),
+                           other=0.0)
             kv = kv.to(q_n.dtype)  # fp8 cache: upcast so both dot operands share q's dtype
             k_pe = k_pe.to(q_n.dtype)
             if NUM_DV == 1:
@@ -363,7 +370,7 @@ def _register_compile_variants():
         q_nope_ptr="*bf16", q_pe_ptr="*bf16", stride_qn_b="i64", stride_qn_t="i32", stride_qn_h="i32",
         stride_qp_b="i64", stride_qp_t="i32", stride_qp_h="i32",
         kv_ptr="*bf16", stride_kv_page="i64", stride_kv_row="i32",
-        seq_lens_ptr="*i32", page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", kv_scale_ptr="*fp32",
+        seq_lens_ptr="*i32", page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", num_pages="i32", kv_scale_ptr="*fp32",
         out_ptr="*fp32", stride_o_n="i64", stride_o_h="i32", stride_o_s="i32",
         lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i32", stride_lse_s="i32",
         qk_scale="fp32", v_scale="fp32", num_heads="i32", num_splits="i32",
@@ -806,6 +813,11 @@ def flash_mla_decode(
             raise ValueError("workspace must be 16-byte aligned")
     if batch == 0 or num_heads == 0:
         return (out, lse) if return_lse else out
+    if cache.shape[0] == 0:  # no page to read (any length is then impossible): no key anywhere
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
     # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
     dest = out
     q_nope, q_pe, cache, out = interpreter_float32(q_nope, q_pe, cache, out)
@@ -853,7 +865,7 @@ def flash_mla_decode(
             q_nope, q_pe, *qn_strides, *qp_strides,
             cache, cache.stride(0), cache.stride(1),
             *latent_descs,
-            seq_lens, page_table, page_table.stride(0), max_pages,
+            seq_lens, page_table, page_table.stride(0), max_pages, cache.shape[0],
             scale_tensor if scale_tensor is not None else seq_lens,
             target, *o_strides,
             target_lse if target_lse is not None else out, *l_strides,

@@ -257,6 +257,11 @@ def flash_mla_prefill(
     lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if check_bool(return_lse, "return_lse") else None
     if total_q == 0 or num_heads == 0:
         return (out, lse) if return_lse else out
+    if cache.shape[0] == 0:  # no page to read (any length is then impossible): no key anywhere
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
 
     # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
     dest = out
@@ -284,7 +289,7 @@ def flash_mla_prefill(
             q_nope, q_pe, 0, qn_s[0], qn_s[1], 0, qp_s[0], qp_s[1],
             cache, cache.stride(0), cache.stride(1),
             *latent_descs,
-            seq_lens_k, page_table, page_table.stride(0), page_table.shape[1],
+            seq_lens_k, page_table, page_table.stride(0), page_table.shape[1], cache.shape[0],
             scale_tensor if scale_tensor is not None else seq_lens_k,
             out, out.stride(0), out.stride(1), 0,
             lse if lse is not None else out, *((lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)), 0,

@@ -39,6 +39,7 @@ def _normalize_page_table_kernel(
     req_to_token_ptr,
     stride_rt_row,
     stride_rt_col,
+    rt_rows,
     rt_width,
     req_pool_indices_ptr,
     full_to_swa_ptr,
@@ -51,19 +52,24 @@ def _normalize_page_table_kernel(
     BLOCK: tl.constexpr,
 ):
     """``out[b, p] = req_to_token[req_pool_indices[b], p * P] // P`` (floor division, the slot
-    translated first with a mapping) for every column inside ``req_to_token``; 0 past its width."""
+    translated first with a mapping) for every column inside ``req_to_token``; 0 past its width; a
+    pool index outside ``req_to_token``'s rows is never followed: its row is -1 (a page id outside
+    any pool, which the attention ops turn into NaN rows)."""
     b = tl.program_id(0)
     pages = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
+    row_ok = (row >= 0) & (row < rt_rows)
     first_token = pages.to(tl.int64) * PAGE_SIZE
     valid = first_token < rt_width
-    slot = tl.load(req_to_token_ptr + row * stride_rt_row + first_token * stride_rt_col, mask=valid, other=0)
+    slot = tl.load(req_to_token_ptr + tl.where(row_ok, row, 0) * stride_rt_row + first_token * stride_rt_col,
+                   mask=valid, other=0)
     if HAS_MAPPING:
         slot = _translate_full_to_swa(slot, full_to_swa_ptr, mapping_len)
     # floor division, as torch's `//` (-1, an untranslatable slot, stays -1); written on positive
     # operands only, since compiled Triton truncates a negative quotient
     page = tl.where(slot < 0, -((PAGE_SIZE - 1 - slot) // PAGE_SIZE), slot // PAGE_SIZE)
     page = tl.where(valid, page, 0)
+    page = tl.where(row_ok, page, -1)
     tl.store(out_ptr + b.to(tl.int64) * stride_out_row + pages, page.to(tl.int32), mask=pages < max_pages)
 
 
@@ -98,7 +104,7 @@ register_xpu_compile(
     _normalize_page_table_kernel,
     "P16,mapping",
     dict(
-        req_to_token_ptr="*i32", stride_rt_row="i64", stride_rt_col="i32", rt_width="i32",
+        req_to_token_ptr="*i32", stride_rt_row="i64", stride_rt_col="i32", rt_rows="i32", rt_width="i32",
         req_pool_indices_ptr="*i64", full_to_swa_ptr="*i64", mapping_len="i64",
         out_ptr="*i32", stride_out_row="i32", max_pages="i32", PAGE_SIZE=16, HAS_MAPPING=True, BLOCK=128,
     ),
@@ -152,7 +158,9 @@ def normalize_page_table(
         ``[pool_rows, max_context_len]`` int32/int64: slot of token ``pos`` of a request row
         (token-granular, any strides).
     req_pool_indices : torch.Tensor
-        ``[B]`` int32/int64: which row of ``req_to_token`` each request uses.
+        ``[B]`` int32/int64: which row of ``req_to_token`` each request uses. An index outside
+        ``[0, pool_rows)`` is never followed: that request's row of the result is all -1 (a page
+        id the attention ops never follow either: their rows for it are NaN).
     seq_lens : torch.Tensor
         ``[B]`` int32/int64: KV length of each request (tokens, including new ones); only sizes
         the default width.
@@ -206,6 +214,7 @@ def normalize_page_table(
             req_to_token,
             req_to_token.stride(0),
             req_to_token.stride(1),
+            req_to_token.shape[0],
             req_to_token.shape[1],
             req_pool_indices,
             mapping,

@@ -51,6 +51,7 @@ from .._common import (
     online_max,
     paged_rows_descriptors,
     tile_row,
+    clamp_page,
     register_xpu_compile,
     softmax_step,
     validate_lengths_and_pages,
@@ -187,11 +188,12 @@ def _query_rows_block(base, q_start, q_len, q_tile, kv_head, head_block, group_s
 @triton.jit
 def _tile(
     q, acc, m_i, l_i, n0, kv_start, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
-    pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
+    pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
     head_dim, head_dim_v,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
+    INTEL_GPU: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
@@ -202,7 +204,9 @@ def _tile(
     ``0 * NaN`` in ``P @ V``). ``SCORE_CHUNK > 0`` (block pointers only): the score dot runs over
     head-dim chunks of that width, q read chunk by chunk (``q`` is then a block pointer when
     ``QO_BLOCK``, else a pointer tensor, over its first chunk), so no sub-group holds the whole
-    ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128)."""
+    ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128). A page id outside the
+    ``pool_size`` pages of the cache is never followed (``validate=False`` trusts the table): the
+    pool's last page is read in its place (``clamp_page``)."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -218,7 +222,7 @@ def _tile(
             k_tile = k_base + first * stride_k_tok
             v_tile = v_base + first * stride_v_tok
         else:
-            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+            page = clamp_page(tl.load(pt_row + n0 // PAGE_SIZE), pool_size).to(tl.int64)
             first = (n0 % PAGE_SIZE + skip).to(tl.int64)
             k_tile = k_base + page * stride_k_page + first * stride_k_tok
             v_tile = v_base + page * stride_v_page + first * stride_v_tok
@@ -230,7 +234,7 @@ def _tile(
     else:
         if PAGE_SIZE >= BLOCK_N:
             # the whole tile lies in one page: one page-table read, contiguous token rows
-            page = tl.load(pt_row + n0 // PAGE_SIZE).to(tl.int64)
+            page = clamp_page(tl.load(pt_row + n0 // PAGE_SIZE), pool_size).to(tl.int64)
             k_rows = page * stride_k_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_k_tok
             v_rows = page * stride_v_page + (n0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_v_tok
         elif PAGE_SIZE == 0:
@@ -246,11 +250,15 @@ def _tile(
             # away, keeps the per-key form below (0.98-0.99x this way; experiments/gather_addressing.txt).
             # The two branches keep their own k_rows / v_rows lines: one shared `key % PAGE_SIZE` value
             # changes the decode PTX (128 more instructions at P = 16), the code all timings were taken on
-            page = tl.load(pt_row + n0 // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+            page = tl.load(pt_row + n0 // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_valid, other=0)
+            page = clamp_page(page, pool_size).to(tl.int64)
             k_rows = page * stride_k_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_k_tok
             v_rows = page * stride_v_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_v_tok
         else:
-            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
+            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0)
+            if INTEL_GPU:  # clamped at 64 bits: at 32, IGC spilled 704 B a thread (B580, P = 1 prefill)
+                page = page.to(tl.int64)
+            page = clamp_page(page, pool_size).to(tl.int64)
             k_rows = page * stride_k_page + (key % PAGE_SIZE).to(tl.int64) * stride_k_tok
             v_rows = page * stride_v_page + (key % PAGE_SIZE).to(tl.int64) * stride_v_tok
         k = tl.load(
@@ -370,12 +378,42 @@ def _descriptor_tiles(
 
 
 @triton.jit
+def _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
+                        group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h, stride_lse_t,
+                        partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr, stride_pl_t,
+                        stride_pl_h, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, SPLIT_KV: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """A request longer than ``max_seqlen_q`` (``validate=False`` trusts it): no program of the
+    per-request grid owns its rows past ``tiles_per_request * BLOCK_Q``, so the program of its last
+    tile writes them NaN (output and LSE; a split's partial output NaN with LSE 0, so the combined
+    output is NaN)."""
+    if q_tile == tiles_per_request - 1:
+        for r0 in range(tiles_per_request * BLOCK_Q, q_len, BLOCK_Q):
+            extra = (q_start + r0 + rows // HEADS_PER_BLOCK).to(tl.int64)
+            extra_ok = ((r0 + rows // HEADS_PER_BLOCK < q_len) & (head_in_group < group_size) & (extra >= 0)
+                        & (extra < total_q))
+            nan_rows = tl.full([BLOCK_M, BLOCK_DV], float("nan"), tl.float32)
+            if SPLIT_KV:
+                tl.store(partial_out_ptr + extra[:, None] * stride_po_t + q_head[:, None] * stride_po_h
+                         + split * stride_po_s + dv[None, :], nan_rows,
+                         mask=extra_ok[:, None] & (dv[None, :] < head_dim_v))
+                tl.store(partial_lse_ptr + extra * stride_pl_t + q_head * stride_pl_h + split,
+                         tl.zeros([BLOCK_M], tl.float32), mask=extra_ok)
+            else:
+                tl.store(out_ptr + extra[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
+                         nan_rows.to(out_ptr.dtype.element_ty), mask=extra_ok[:, None] & (dv[None, :] < head_dim_v))
+                if WRITE_LSE:
+                    tl.store(lse_ptr + q_head * stride_lse_h + extra * stride_lse_t,
+                             tl.full([BLOCK_M], float("nan"), tl.float32), mask=extra_ok)
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, stride_q_t, stride_q_h,
     k_cache_ptr, stride_k_page, stride_k_tok, stride_k_head,
     v_cache_ptr, stride_v_page, stride_v_tok, stride_v_head,
     k_desc, v_desc,
-    page_table_ptr, stride_pt_b, max_pages,
+    page_table_ptr, stride_pt_b, max_pages, pool_size,
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -409,8 +447,13 @@ def _paged_attention_kernel(
     KV_LOAD: tl.constexpr = 0,
     HOIST_GATHER: tl.constexpr = False,
     SCORE_CHUNK: tl.constexpr = 0,
+    INTEL_GPU: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
+    # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
+    # before it on Intel GPUs' prefill tiles, where after it IGC spilled 384-704 B a thread (before it,
+    # H100 prefill ran 1.02-1.03x: experiments/untrusted_metadata.txt)
+    NAN_ROWS_FIRST: tl.constexpr = INTEL_GPU and HOIST_GATHER
     # PAGE_SIZE = 0: contiguous K/V (flash_attn_varlen_func). Request b's keys are the rows
     # cu_seqlens_k[b] + key of k / v [total_k, H_kv, D] (token stride stride_k_tok); there is no
     # page table, and cache_seqlens holds seqused_k (or cu_seqlens_k[1:], see the launcher).
@@ -433,7 +476,8 @@ def _paged_attention_kernel(
         # one extra program per head block defines the rows past cu_seqlens_q[B] (padding of a
         # ragged batch): output 0, LSE -inf, as for an empty request
         if pid_q == num_q_programs:
-            for r0 in range(tl.load(cu_seqlens_q_ptr + batch), total_q, BLOCK_Q):
+            # (a negative cu_seqlens_q[B], which validate=False trusts, starts them at row 0)
+            for r0 in range(tl.maximum(tl.load(cu_seqlens_q_ptr + batch), 0), total_q, BLOCK_Q):
                 token = (r0 + rows // HEADS_PER_BLOCK).to(tl.int64)
                 pad_mask = (token < total_q) & (head_in_group < group_size)
                 if SPLIT_KV:
@@ -466,12 +510,26 @@ def _paged_attention_kernel(
         q_start = tl.load(cu_seqlens_q_ptr + b)
         q_tile = pid_q - (q_start // BLOCK_Q + b)
         q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:
+    if (q_tile * BLOCK_Q >= q_len) | (q_tile < 0):
         return
+    if Q_MAPPING == 1 and NAN_ROWS_FIRST:
+        _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
+                            group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
+                            stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
+                            stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV, WRITE_LSE)
 
     q_row = q_tile * BLOCK_Q + rows // HEADS_PER_BLOCK  # query index inside the request
     row_valid = (q_row < q_len) & (head_in_group < group_size)
     token = (q_start + q_row).to(tl.int64)  # row of q / out
+    q_rows = q_len  # the request's rows that q / out hold
+    if Q_MAPPING > 0:
+        # whatever cu_seqlens_q holds (validate=False trusts it), no row outside q / out is read
+        # or written: rows of a request past q's end, or before its start, are left out
+        row_valid = row_valid & (token >= 0) & (token < total_q)
+        q_rows = tl.minimum(q_len, total_q - q_start)
+        if BLOCK_Q == 1:  # one token's rows (q / out block pointers address that row directly)
+            if (q_start + q_tile < 0) | (q_start + q_tile >= total_q):
+                return
     # with block-pointer K/V (XPU) q and out go through block pointers where the program's rows
     # form a plain 2D block (2D block IO; Q arrives in the dot's layout without an SLM round trip)
     QO_BLOCK: tl.constexpr = KV_LOAD == 2 and (BLOCK_Q == 1 or HEADS_PER_BLOCK == 1)
@@ -480,14 +538,14 @@ def _paged_attention_kernel(
     if D_CHUNK > 0:
         # q stays in memory, read a head-dim chunk at a time beside each K^T chunk (_query_chunk)
         if QO_BLOCK:
-            q = _query_rows_block(q_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_q_t,
+            q = _query_rows_block(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t,
                                   stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, D_CHUNK)
         else:
-            q_token = tl.where(row_valid, token, q_start)
+            q_token = tl.where(row_valid, token, 0)  # rows no query owns read row 0 (never stored)
             q_row_head = tl.where(row_valid, q_head, kv_head * group_size)
             q = q_ptr + q_token[:, None] * stride_q_t + q_row_head[:, None] * stride_q_h + tl.arange(0, D_CHUNK)[None, :]
     elif QO_BLOCK:
-        q = tl.load(_query_rows_block(q_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_q_t,
+        q = tl.load(_query_rows_block(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t,
                                       stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_D),
                     boundary_check=(0, 1), padding_option="zero")
     else:
@@ -501,7 +559,11 @@ def _paged_attention_kernel(
     if CONTIGUOUS_KV:
         # never read past the request's slice of k / v: seqused_k can only shorten it
         kv_start = tl.load(cu_seqlens_k_ptr + b)
-        kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), tl.load(cu_seqlens_k_ptr + b + 1) - kv_start)
+        kv_end = tl.load(cu_seqlens_k_ptr + b + 1)
+        # a slice outside k's pool_size rows (validate=False trusts cu_seqlens_k) is never read:
+        # the request has no keys (output 0, LSE -inf)
+        slice_ok = (kv_start >= 0) & (kv_start <= kv_end) & (kv_end <= pool_size)
+        kv_len = tl.where(slice_ok, tl.minimum(tl.load(cache_seqlens_ptr + b), kv_end - kv_start), 0)
     else:
         kv_start = 0
         # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
@@ -568,7 +630,8 @@ def _paged_attention_kernel(
         for n0 in range(start, desc_lo, BLOCK_N):
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
-                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
+                head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
         k_col = kv_head * stride_k_head
         v_col = kv_head * stride_v_head
@@ -594,15 +657,17 @@ def _paged_attention_kernel(
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
-                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
+                head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
-                pt_row, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim, head_dim_v,
+                pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
+                head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK)
+                D_CHUNK, QO_BLOCK, INTEL_GPU)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -629,7 +694,7 @@ def _paged_attention_kernel(
             m_i = tl.where(has_key, m_f, m_i)
         o = acc * (v_scale / tl.where(has_key, l_i, 1.0))[:, None]
         if QO_BLOCK:
-            tl.store(_query_rows_block(out_ptr, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_o_t,
+            tl.store(_query_rows_block(out_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_o_t,
                                        stride_o_h, head_dim_v, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV),
                      o.to(out_ptr.dtype.element_ty), boundary_check=(0, 1))
         else:
@@ -641,6 +706,12 @@ def _paged_attention_kernel(
         if WRITE_LSE:
             lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
             tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t, lse, mask=row_valid)
+    if Q_MAPPING == 1 and not NAN_ROWS_FIRST:
+        _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
+                            group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
+                            stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
+                            stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV, WRITE_LSE)
+
 
 
 def _register_compile_variants():
@@ -648,7 +719,8 @@ def _register_compile_variants():
         q_ptr="*bf16", stride_q_t="i64", stride_q_h="i32",
         k_cache_ptr="*bf16", stride_k_page="i64", stride_k_tok="i32", stride_k_head="i32",
         v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
-        page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", cache_seqlens_ptr="*i32", cu_seqlens_q_ptr="*i32",
+        page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", pool_size="i32", cache_seqlens_ptr="*i32",
+        cu_seqlens_q_ptr="*i32",
         cu_seqlens_k_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
@@ -664,7 +736,7 @@ def _register_compile_variants():
         PAGE_SIZE=64, CAUSAL=True, HAS_SOFTCAP=False, HAS_SINKS=False, HAS_K_DESCALE=False,
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
-        HOIST_GATHER=False, SCORE_CHUNK=0,
+        HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -1243,10 +1315,10 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     q, k, v, out = interpreter_float32(q, k, v, out)
     if contiguous:
         k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
-        table_args = (cu_seqlens_k, 0, 0)  # no page table: a placeholder pointer, never read
+        table_args = (cu_seqlens_k, 0, 0, k.shape[0])  # no page table (a placeholder, never read); k's rows
     else:
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
-        table_args = (page_table, page_table.stride(0), page_table.shape[1])
+        table_args = (page_table, page_table.stride(0), page_table.shape[1], k.shape[0])  # pool: the cache's pages
     kv_descriptors = _kv_descriptors(k, v, page_size, config, device)
     kv_load = _kv_load(page_size, config, kv_descriptors, (k, v))
     if kv_load == 3:
@@ -1298,6 +1370,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         KV_LOAD=kv_load,
         HOIST_GATHER=not decode_like,
         SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
+        INTEL_GPU=_device.backend() == "xpu",  # code-generation choices for Intel's compiler (the kernel says which)
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
