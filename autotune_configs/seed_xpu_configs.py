@@ -5,7 +5,7 @@ No Intel GPU was available, so these files are *seeded*, not measured: every ent
 taken from Intel's own tuning of attention kernels (see ``SOURCE`` below and
 shared/notes/perf_anchors.md sections 1.4, 3 and 5), and each file says ``measured_on_hardware:
 false``. ``.ci/xpu_compile_check.py`` compiles every distinct config of these files for the file's
-target (pvc or bmg). Running the tuner on the device (``python -m triton_xpu_attn.tune``) replaces
+target (pvc or bmg). Running the tuner on the device (``python -m triton_xpu_attn.tuner``) replaces
 them with measured files.
 
     python autotune_configs/seed_xpu_configs.py [--out autotune_configs]

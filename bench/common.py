@@ -36,7 +36,7 @@ from triton_xpu_attn import device as _device  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.report import finite, geomean, headline  # noqa: E402,F401  (pure Python, shared with the reports)
+from bench.report import finite, geomean, header_line, headline, markdown_table, op_markdown  # noqa: E402,F401  (pure Python, shared with the reports)
 
 RESULTS_DIR = REPO / "bench" / "results"
 #: the roofline columns every op's rows carry (for our kernel)
@@ -182,23 +182,9 @@ def describe() -> dict:
 
 
 def header(info: dict | None = None) -> str:
-    """One line: device, compute units, torch, triton, measured ceilings, date."""
-    info = info or describe()
-    return (f"device {info['device']} ({info['compute_units']} compute units, {info['backend']}) | torch {info['torch']} | "
-            f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | "
-            f"{'bf16' if info['backend'] in ('cuda', 'xpu') else 'fp32'} matmul {info['matmul_tflops']:.3g} TFLOP/s | "
-            f"{info['date']}")
-
-
-def op_markdown(title: str, info: dict, command: str, table: str, notes: str = "", summary: list[str] | None = None) -> str:
-    """An op's ``<op>.md``: title, the run's header line, command, notes, table, summary lines."""
-    text = f"# {title}\n\n{header(info)}\n\ncommand: `{command}`\n\n"
-    if notes:
-        text += notes.strip() + "\n\n"
-    text += table
-    if summary:
-        text += "\n" + "\n".join(f"- {s}" for s in summary) + "\n"
-    return text
+    """One line: device, compute units, torch, triton, measured ceilings, date (this machine's
+    when ``info`` is None)."""
+    return header_line(info or describe())
 
 
 def free_memory() -> None:
@@ -373,21 +359,6 @@ def results_dir(out: str | os.PathLike | None, quick: bool = False, device_key: 
         folder = folder / "quick"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "-" if not finite(v) else f"{v:.3g}"
-    return "" if v is None else str(v).replace("|", "\\|")  # e.g. bucket keys in config sources
-
-
-def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
-    keys = columns or list(dict.fromkeys(k for r in rows for k in r))
-    if not rows:
-        return "(no cases)\n"
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def write_results(op: str, rows: list[dict], *, out=None, quick: bool = False, title: str | None = None,

@@ -183,12 +183,45 @@ def summary_markdown(folder) -> str:
     return "\n".join(lines) + "\n"
 
 
+def header_line(info: dict) -> str:
+    """One line: device, compute units, torch, triton, measured ceilings, date (a run's ``info``)."""
+    return (f"device {info['device']} ({info['compute_units']} compute units, {info['backend']}) | torch {info['torch']} | "
+            f"triton {info['triton']} | copy roofline {info['copy_gbs']:.0f} GB/s | "
+            f"{'bf16' if info['backend'] in ('cuda', 'xpu') else 'fp32'} matmul {info['matmul_tflops']:.3g} TFLOP/s | "
+            f"{info['date']}")
+
+
+def op_markdown(title: str, info: dict, command: str, table: str, notes: str = "", summary: list[str] | None = None) -> str:
+    """An op's ``<op>.md``: title, the run's header line, command, notes, table, summary lines."""
+    text = f"# {title}\n\n{header_line(info)}\n\ncommand: `{command}`\n\n"
+    if notes:
+        text += notes.strip() + "\n\n"
+    text += table
+    if summary:
+        text += "\n" + "\n".join(f"- {s}" for s in summary) + "\n"
+    return text
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "-" if not finite(v) else f"{v:.3g}"
+    return "" if v is None else str(v).replace("|", "\\|")  # e.g. bucket keys in config sources
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    keys = columns or list(dict.fromkeys(k for r in rows for k in r))
+    if not rows:
+        return "(no cases)\n"
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+
 def write_missing_tables(folder) -> list[pathlib.Path]:
     """``<op>.md`` for every op whose CSV and JSON are in ``folder`` but whose table is not (a
     results folder fetched from a machine that returns few files): title, the run's header line,
     command and summary from the JSON, every CSV column as the table."""
-    from bench.common import markdown_table, op_markdown
-
     written = []
     for op, res in load_results(folder).items():
         path = pathlib.Path(folder) / f"{op}.md"

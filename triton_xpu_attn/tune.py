@@ -1,7 +1,8 @@
 """Kernel configs: loading per-device config files and the built-in fallbacks (what the ops' launchers
-call on every launch). The tuner that writes those files lives in :mod:`triton_xpu_attn.tune.tuner`
-(``python -m triton_xpu_attn.tune``): it imports the ops to run their candidates, and nothing the
-ops import imports it, so the dependency runs one way (ops -> this module; tuner -> ops).
+call on every launch). The tuner that writes those files lives in :mod:`triton_xpu_attn.tuner`
+(``python -m triton_xpu_attn.tuner``, above ``ops/``): it imports the ops to run their candidates,
+and nothing the ops import imports it, so the dependency runs one way (ops -> this module;
+tuner -> ops).
 
 Lookup order for an op and a shape bucket:
 1. ``$TRITON_XPU_ATTN_CONFIG_DIR/<backend>/<device_key>.json`` (a user's own tuning),
@@ -21,13 +22,13 @@ import os
 import pathlib
 import warnings
 
-from .. import device as _device
+from . import device as _device
 
 CONFIG_DIR_ENV = "TRITON_XPU_ATTN_CONFIG_DIR"
 
 #: where the shipped files live: inside the package when installed from a wheel
 #: (``triton_xpu_attn.autotune_configs``), next to the package in a source checkout.
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _SHIPPED_DIRS = (_PACKAGE_DIR / "autotune_configs", _PACKAGE_DIR.parent / "autotune_configs")
 
 #: op name -> where its last lookup came from ("user:…", "shipped:…", "heuristic"); the self-check prints it.

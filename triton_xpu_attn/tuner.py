@@ -1,9 +1,10 @@
-"""The tuner: ``python -m triton_xpu_attn.tune [--ops ...] [--quick] [--only FIELD=VALUE] [--out DIR]``.
+"""The tuner: ``python -m triton_xpu_attn.tuner [--ops ...] [--quick] [--only FIELD=VALUE] [--out DIR]``.
 
 Runs each op's candidate configs on representative problems, checks them against the reference,
 times the correct ones from device graphs and writes ``autotune_configs/<backend>/<device_key>.json``,
-which :func:`triton_xpu_attn.tune.lookup` reads. It imports the ops (to run candidates); the ops
-import only the lookup (:mod:`triton_xpu_attn.tune`), never this module.
+which :func:`triton_xpu_attn.tune.lookup` reads. It sits above ``ops/``: it imports the ops (to run
+candidates) and the lookup; the ops import only the lookup (:mod:`triton_xpu_attn.tune`), and no
+module of the package imports this one.
 """
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from typing import Any, Callable
 
 import torch
 
-from .. import device as _device
-from .. import reference
-from ..ops.mla_decode import flash_mla_decode, flash_mla_get_workspace_size
-from ..ops.mla_prefill import flash_mla_prefill
-from ..ops.paged_attention import flash_attn_with_kvcache
-from ..ops.varlen_attention import flash_attn_varlen_func
-from . import _SHIPPED_DIRS, CONFIG_DIR_ENV, bucket_key, clear_cache, override
+from . import device as _device
+from . import reference
+from .ops.mla_decode import flash_mla_decode, flash_mla_get_workspace_size
+from .ops.mla_prefill import flash_mla_prefill
+from .ops.paged_attention import flash_attn_with_kvcache
+from .ops.varlen_attention import flash_attn_varlen_func
+from .tune import _SHIPPED_DIRS, CONFIG_DIR_ENV, bucket_key, clear_cache, override
 
 
 @dataclasses.dataclass
@@ -122,7 +123,7 @@ def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) ->
         torch_version=torch.__version__, date=datetime.date.today().isoformat(), measured_on_hardware=True,
     )
     # a file is often tuned in several runs (a quick pass, then some buckets in full): keep them all
-    command = f"python -m triton_xpu_attn.tune --ops {','.join(ops)}" + (" --quick" if quick else "") + "".join(
+    command = f"python -m triton_xpu_attn.tuner --ops {','.join(ops)}" + (" --quick" if quick else "") + "".join(
         f" --only {k}={','.join(v)}" for k, v in _only_values(only).items())
     history = result.get("tuned_with", [])
     history = [history] if isinstance(history, str) else list(history)
@@ -184,7 +185,7 @@ def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) ->
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m triton_xpu_attn.tune", description="Tune kernel configs for this device.")
+    parser = argparse.ArgumentParser(prog="python -m triton_xpu_attn.tuner", description="Tune kernel configs for this device.")
     parser.add_argument("--ops", default=",".join(TUNING_SPECS), help=f"comma-separated, from {', '.join(TUNING_SPECS)}")
     parser.add_argument("--quick", action="store_true", help="fewer buckets and candidates")
     parser.add_argument("--only", action="append", default=[], metavar="FIELD=VALUE[,VALUE...]",
@@ -475,3 +476,7 @@ TUNING_SPECS["mla_prefill"] = TuningSpec(
     stage1=lambda f, quick: _mla_tiles(64),
     stage2=lambda f, quick: _mla_stage2(f),
 )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
