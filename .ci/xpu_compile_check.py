@@ -318,10 +318,10 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
     return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}
 
 
-def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
+def _mla_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[object, dict]:
     """(variant, constexprs) for an MLA decode bucket: a variant of the bucket's latent width R with a
     16-bit cache; BLOCK_H / BLOCK_N / BLOCK_DV as ``flash_mla_decode`` clamps them, and the
-    block-pointer latent chunks (``mla_decode.latent_chunk``) where the config asks for them."""
+    block-pointer latent chunks (``mla.latent_chunk``) where the config asks for them."""
     r = fields.get("r")
     variant = next((v for v in variants if v.constexprs.get("R") == r and "fp8" not in v.label), None) or next(
         (v for v in variants if v.constexprs.get("R") == r), variants[0])
@@ -335,10 +335,10 @@ def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[obj
         out["BLOCK_DV"] = max(16, min(int(cfg["BLOCK_DV"] or block_r), block_r))
     if fields.get("kv") == "gather":  # the launcher's gather buckets: pages shorter than 16 tokens
         out["PAGE_SIZE"] = 1
-    from triton_xpu_attn.ops import mla_decode
+    from triton_xpu_attn.ops import mla
 
     merged = {**variant.constexprs, **out}
-    out["LATENT_CHUNK"] = mla_decode.latent_chunk(cfg, merged["PAGE_SIZE"], merged["BLOCK_N"], block_r, (None,))
+    out["LATENT_CHUNK"] = mla.latent_chunk(cfg, merged["PAGE_SIZE"], merged["BLOCK_N"], block_r, (None,))
     if out["LATENT_CHUNK"]:
         out["num_stages"] = 1  # block-pointer latent tiles: one stage on XPU, as the launcher sets it
     return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}
@@ -347,8 +347,8 @@ def _mla_decode_constexprs(fields: dict, cfg: dict, variants: list) -> tuple[obj
 #: op -> (bucket fields, config, the op's variants) -> (variant to compile, constexpr overrides)
 CONFIG_CONSTEXPRS = {
     "paged_attention": _paged_attention_constexprs,
-    "mla_decode": _mla_decode_constexprs,
-    "mla_prefill": _mla_decode_constexprs,  # the same kernel in its ragged mode, the same knobs
+    "mla_decode": _mla_constexprs,
+    "mla_prefill": _mla_constexprs,  # the same kernel in its ragged mode, the same knobs
 }
 
 

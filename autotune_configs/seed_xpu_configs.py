@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from triton_xpu_attn.device import normalize_device_key  # noqa: E402
-from triton_xpu_attn.ops.mla_decode import xpu_tiles as mla_xpu_tiles  # noqa: E402
+from triton_xpu_attn.ops.mla import xpu_tiles as mla_xpu_tiles  # noqa: E402
 from triton_xpu_attn.ops.paged_attention import xpu_tiles  # noqa: E402
 from triton_xpu_attn.tune import bucket_key  # noqa: E402
 
@@ -60,7 +60,7 @@ SOURCE = (
     "(64 rows at head dim > 128). "
     "Splits: about 2 work-groups per Xe-core (waves=2; Xe-cores = gpu_subslice_count), at least 4 tiles "
     "(256 tokens) per split and at most 32 splits (vllm-xpu-kernels get_num_splits caps). "
-    "MLA decode: tiles from triton_xpu_attn.ops.mla_decode.xpu_tiles (no spill in the native code): 16 or 32 rows, "
+    "MLA decode: tiles from triton_xpu_attn.ops.mla.xpu_tiles (no spill in the native code): 16 or 32 rows, "
     "16-key tiles, output channels split across programs (128 at R = 512 over pages, 64 at R = 256 and over per-token "
     "gathers), 8 sub-groups, grf_mode 256. "
     "grf_mode is written '256' (triton-xpu >= 3.6); the launcher respells it 'large' for older Triton. "
@@ -79,7 +79,7 @@ def paged_config(d: int, g: int, p: int, q: str, dtype: str) -> dict:
 
 
 def mla_config(rows: int, r: int, kv: str) -> dict:
-    """MLA decode tiles from ``mla_decode.xpu_tiles`` (no spill in the native code)."""
+    """MLA decode tiles from ``mla.xpu_tiles`` (no spill in the native code)."""
     return dict(mla_xpu_tiles(rows, r, gather=kv == "gather"), sub_group_size=SUB_GROUP_SIZE)
 
 

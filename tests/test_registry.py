@@ -186,7 +186,7 @@ def test_mla_xpu_tiles_keep_the_latent_tile_and_accumulator_small(rows, latent, 
     program (32 keys or 128+ channels spill 1.5-96 KB: bench/results/xpu_native/tiles.txt), 16-32
     rows, 256 GRF, at most 32 warps; over pages the latent tile through block pointers in
     64-channel chunks (2D block reads) on one stage, per-token gathers without."""
-    from triton_xpu_attn.ops.mla_decode import latent_chunk, xpu_tiles
+    from triton_xpu_attn.ops.mla import latent_chunk, xpu_tiles
 
     for gather in (False, True):
         cfg = xpu_tiles(rows, latent, ragged, gather)

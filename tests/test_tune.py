@@ -245,3 +245,38 @@ def test_shipped_config_files_are_well_formed():
         for op, table in json.loads(path.read_text())["ops"].items():
             for bucket, entry in table.items():
                 assert tune.entry_problem(entry) is None, f"{path.name}: {op}[{bucket}]: {tune.entry_problem(entry)}"
+
+
+def test_a_rerun_never_replaces_an_entry_with_a_slower_one():
+    """Issue 30 item 1's guard in the tuner: the file's previous entry is timed beside the
+    candidates and replaced only by one MIN_TUNED_GAIN faster; the heuristic wins near-ties."""
+    gain = tuner.MIN_TUNED_GAIN
+    prev, new = {"BLOCK_N": 32}, {"BLOCK_N": 128}
+    # the best candidate is clearly faster than the previous entry and the heuristic: taken
+    assert tuner.choose_entry(100.0, prev, 90.0, new, 80.0)[:2] == (new, 80.0)
+    # a near-tie with the previous entry keeps it (a re-run on another day must not churn the file)
+    entry, us, note = tuner.choose_entry(100.0, prev, 90.0, new, 90.0 / gain + 0.5)
+    assert (entry, us) == (prev, 90.0) and "previous entry kept" in note
+    # a previous entry that no longer beats the heuristic is dropped, and says so
+    entry, us, note = tuner.choose_entry(100.0, prev, 99.0, new, 99.0)
+    assert (entry, us) == ({}, 100.0) and "dropped" in note
+    # no previous entry: the heuristic unless the best is clearly faster
+    assert tuner.choose_entry(100.0, None, None, new, 99.0)[:2] == ({}, 100.0)
+    assert tuner.choose_entry(100.0, None, None, new, 90.0)[:2] == (new, 90.0)
+    # a previous entry that now fails to run is dropped; a failed heuristic takes the best
+    assert tuner.choose_entry(100.0, prev, None, new, 99.0)[0] == {}
+    assert tuner.choose_entry(None, None, None, new, 99.0)[:2] == (new, 99.0)
+
+
+def test_maxnreg_is_a_cuda_only_launch_option():
+    """A config's register cap reaches a CUDA launch and nothing else (XPU and the interpreter
+    reject the option); a bad value in a file is refused naming the knob."""
+    from unittest import mock
+
+    with mock.patch.object(tune._device, "backend", return_value="cuda"):
+        assert tune.launch_options({"num_warps": 4, "maxnreg": 128}) == {"num_warps": 4, "maxnreg": 128}
+    for backend in ("xpu", "interpreter"):
+        with mock.patch.object(tune._device, "backend", return_value=backend):
+            assert "maxnreg" not in tune.launch_options({"num_warps": 4, "maxnreg": 128})
+    assert "maxnreg" in tune.entry_problem({"maxnreg": 0})
+    assert tune.entry_problem({"maxnreg": 128}) is None

@@ -62,6 +62,7 @@ from torch import Tensor
 
 from .ops import local_attention as _local
 from .ops import merge_state as _merge
+from .ops import mla as _mla_family
 from .ops import mla_decode as _mla
 from .ops import mla_prefill as _mla_prefill
 from .ops import page_table as _page_table
@@ -279,9 +280,9 @@ def _mla_fake_outputs(q_nope, q_pe, head_dim_v, return_lse):
         r = head_dim_v
     else:
         width = q_nope.shape[-1]
-        if width not in _mla._KNOWN_SPLITS:
+        if width not in _mla_family._KNOWN_SPLITS:
             raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
-        r = _mla._KNOWN_SPLITS[width]
+        r = _mla_family._KNOWN_SPLITS[width]
     out = q_nope.new_empty((*lead, r))
     lse = q_nope.new_empty(lead, dtype=torch.float32) if return_lse else _no_lse(q_nope)
     return out, lse

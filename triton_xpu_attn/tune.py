@@ -70,7 +70,7 @@ def _warn(path, key: str, problem: str) -> None:
 
 #: knobs a config entry may set, and what each must be (others, e.g. notes, are ignored)
 _POW2_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "num_warps")  # powers of two, BLOCK_* at least 16
-_POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size")
+_POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size", "maxnreg")
 _BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "kv_device_desc", "pack_gqa", "kept_heuristic")
 _GRF_MODES = (None, "small", "large", "256", "auto", "default")
 
@@ -255,8 +255,12 @@ def work_bucket(programs: int, compute_units: int) -> int:
 
 def launch_options(config: dict) -> dict:
     """Keyword options for a kernel launch from a config: ``num_warps``/``num_stages`` everywhere,
-    ``grf_mode`` only on XPU (other backends reject it), respelled for the installed Triton."""
+    ``maxnreg`` only on CUDA (a register cap per thread: it keeps a tile on the occupancy step where
+    ptxas would take a few registers more, bench/residency.py) and ``grf_mode`` only on XPU (other
+    backends reject them), respelled for the installed Triton."""
     opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+    if _device.backend() == "cuda" and config.get("maxnreg"):
+        opts["maxnreg"] = config["maxnreg"]
     if _device.backend() == "xpu" and config.get("grf_mode"):
         mode = config["grf_mode"]
         if mode in ("large", "256"):

@@ -1,10 +1,10 @@
 """MLA decode with the latent cache read through tensor descriptors (issue 22 lever "a 64-token page
 is one contiguous 64 x 576 block: load K tiles through tensor descriptors"): an old copy of
-ops/mla_decode.py (today's kernel) against this one with pointer loads (kv_desc off: the refactor
+ops/mla.py (today's kernel family; ops/mla_decode.py before the split) against this one with pointer loads (kv_desc off: the refactor
 alone) and with descriptors (kv_desc on), the shipped tiles otherwise, on issue 22's grid. GPU only;
 medians of CUDA-graph replays, TFLOP/s as bench_mla_decode counts them.
 
-    python bench/experiments/mla_desc.py OLD_COPY_OF_mla_decode.py
+    python bench/experiments/mla_desc.py OLD_COPY_OF_mla.py
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import torch  # noqa: E402
 
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench.common import graph_ms, rel_err  # noqa: E402
-from bench.experiments.sweeps import load_old_op  # noqa: E402
+from bench.experiments.sweeps import load_old_mla  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
 
 
 def main(old_path):
-    old = load_old_op(old_path, "mla_decode")
+    old = load_old_mla(old_path)
     grid = [(64, 128, 4096, 64), (132, 128, 4096, 64), (64, 128, 1024, 64), (16, 128, 1024, 64), (64, 64, 4096, 64),
             (64, 32, 4096, 64), (64, 16, 4096, 64), (128, 16, 1024, 64), (1, 16, 4096, 64), (64, 128, 4096, 1)]
     print(torch.cuda.get_device_name(), torch.__version__)

@@ -1,4 +1,4 @@
-"""Copies of ops/mla_decode.py (each a lever, made with a textual edit of today's kernel) against
+"""Copies of ops/mla.py (the MLA kernel family; ops/mla_decode.py before the split; each a lever, made with a textual edit of today's kernel) against
 today's kernel on issue 22's compute-bound cells, the shipped tiles in both arms. Per cell and
 variant: both captured in CUDA graphs, replays timed shipped, variant, variant, shipped (the faster
 of each pair kept: the order effect of pair timing cancels), outputs compared. GPU only.
@@ -19,7 +19,7 @@ import triton  # noqa: E402
 
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench.common import graph_ms, rel_err  # noqa: E402
-from bench.experiments.sweeps import load_old_op  # noqa: E402
+from bench.experiments.sweeps import load_old_mla  # noqa: E402
 
 #: (B, H, L, P): the H = 128 / 64 cells of issue 22 (descriptor tiles at P = 64) and one gather cell
 GRID = [(64, 128, 4096, 64), (132, 128, 4096, 64), (64, 128, 1024, 64), (64, 64, 4096, 64), (64, 128, 4096, 1)]
@@ -29,7 +29,7 @@ def main(pairs: list[str]) -> None:
     variants = {}
     for pair in pairs:
         name, _, path = pair.partition("=")
-        variants[name] = load_old_op(path, "mla_decode").flash_mla_decode
+        variants[name] = load_old_mla(path).flash_mla_decode
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     ratios = {name: [] for name in variants}
     for B, H, L, P in GRID:

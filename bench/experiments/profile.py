@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from bench.experiments.sweeps import mla_case, paged_case  # noqa: E402
-from triton_xpu_attn.ops import merge_state, mla_decode, paged_attention  # noqa: E402
+from triton_xpu_attn.ops import merge_state, mla, paged_attention  # noqa: E402
 
 PAGED = [(8, 1, 128, 16, 32768, 16), (32, 8, 64, 16, 8192, 16), (8, 1, 128, 16, 8192, 64),
          (32, 8, 128, 1, 8192, 64), (64, 8, 128, 16, 8192, 64)]
@@ -49,7 +49,7 @@ def stats():
         fn()
         torch.cuda.synchronize()
         print(name, flush=True)
-    for jit_fn in (paged_attention._paged_attention_kernel, mla_decode._mla_decode_kernel, merge_state._combine_splits_kernel):
+    for jit_fn in (paged_attention._paged_attention_kernel, mla._mla_attention_kernel, merge_state._combine_splits_kernel):
         for k in compiled(jit_fn):
             if hasattr(k, "_init_handles"):
                 k._init_handles()

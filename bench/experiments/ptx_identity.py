@@ -6,9 +6,9 @@ debug information stripped. ``identical`` means the change cannot move a timing 
 so no GPU A/B is needed for it.
 
     TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_COPY.py
-    TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_MLA_COPY.py mla_decode
+    TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_MLA_COPY.py mla
 
-The second form compares ``_mla_decode_kernel`` (ops/mla_decode.py) the same way: every
+The second form compares ``_mla_attention_kernel`` (ops/mla.py) the same way: every
 registered variant with the XPU-only ``LATENT_CHUNK`` at 0, and as CUDA's whole-channel tiles.
 
 Use the Triton the GPU runs (e.g. put a triton==3.6.0 wheel's folder first on PYTHONPATH): PTX
@@ -74,18 +74,20 @@ def _compiled_ptx(fn, signature: dict, constexprs: dict, params: list, options: 
 
 
 def main_mla(path: str) -> int:
-    """``_mla_decode_kernel`` of an old ops/mla_decode.py copy against today's."""
-    from triton_xpu_attn.ops import mla_decode as today_mla
+    """``_mla_attention_kernel`` of an old copy of ops/mla.py (or of ops/mla_decode.py from before
+    the MLA module split, whose kernel was ``_mla_decode_kernel``) against today's."""
+    from triton_xpu_attn.ops import mla as today_mla
 
-    old = load_old_op(path, "mla_decode")
-    variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today_mla._mla_decode_kernel]
-    print(f"triton {triton.__version__}, target {TARGET}: {path} vs today's ops/mla_decode.py")
+    old = load_old_op(path, "mla")
+    old_name = "_mla_attention_kernel" if hasattr(old, "_mla_attention_kernel") else "_mla_decode_kernel"
+    variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today_mla._mla_attention_kernel]
+    print(f"triton {triton.__version__}, target {TARGET}: {path} vs today's ops/mla.py")
     different = 0
     for v in variants:  # as registered (XPU tiles, LATENT_CHUNK 0) and as CUDA's whole-channel tiles
         cuda = dict(BLOCK_DV=v.constexprs["BLOCK_R"], BLOCK_N=64, BLOCK_H=64)
         for label, extra in ((v.label, {}), (v.label + " as CUDA 64x64", cuda)):
-            a = ptx(old, v, extra, dict(num_warps=4, num_stages=2), kernel_name="_mla_decode_kernel")
-            b = ptx(today_mla, v, extra, dict(num_warps=4, num_stages=2), kernel_name="_mla_decode_kernel")
+            a = ptx(old, v, extra, dict(num_warps=4, num_stages=2), kernel_name=old_name)
+            b = ptx(today_mla, v, extra, dict(num_warps=4, num_stages=2), kernel_name="_mla_attention_kernel")
             different += a != b
             print(f"{label}: {'identical' if a == b else 'DIFFERENT'} PTX")
     return 0 if different == 0 else 1
@@ -118,4 +120,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main_mla(sys.argv[1]) if sys.argv[2:3] == ["mla_decode"] else main())
+    sys.exit(main_mla(sys.argv[1]) if sys.argv[2:3] in (["mla"], ["mla_decode"]) else main())

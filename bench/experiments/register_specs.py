@@ -13,13 +13,14 @@ The H100 capture at 6d217b1 (torch 2.11, Triton 3.6; 77 paged + 10 MLA specializ
 ``bench/results/NVIDIA_H100_80GB_HBM3/experiments/register_specs_6d217b1.json.gz``; ptxas' counts
 of HEAD's module matched the GPU's (registers, spills, shared memory) on all of them.
 
-``module``: ``paged_attention`` (default), ``mla_decode`` (also MLA prefill's kernel) or ``page_table``: which
-module's kernels the old copy replaces. A kernel argument the old copy lacks (one added since) is
-compiled as ``i32``. ``SPECS_MATCH=REGEX``: only the specializations whose label matches.
+``module``: ``paged_attention`` (default), ``mla`` (the MLA kernel of decode and prefill) or ``page_table``: which
+module's kernels the old copy replaces. A kernel argument the capture lacks (one added since) is
+compiled as ``i32``, a constexpr as its default, else 0 (the CUDA choice of ``INTEL_GPU``). ``SPECS_MATCH=REGEX``: only the specializations whose label matches.
 """
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 import os
 import pathlib
@@ -48,7 +49,7 @@ def capture(path: str) -> int:
     from bench import bench_mla_decode as bench_mla
     from bench import bench_mla_prefill as bench_mla_prefill
     from bench import bench_paged_attention as bench_paged
-    from triton_xpu_attn.ops import mla_decode, page_table, paged_attention
+    from triton_xpu_attn.ops import mla, page_table, paged_attention
 
     dev = "cuda"
     for Hq, Hkv, D in bench_paged.GRID_SHAPES:
@@ -91,7 +92,7 @@ def capture(path: str) -> int:
                                    ws, 192**-0.5, causal=True)
     torch.cuda.synchronize()
 
-    kernels = [paged_attention._paged_attention_kernel, mla_decode._mla_decode_kernel,
+    kernels = [paged_attention._paged_attention_kernel, mla._mla_attention_kernel,
                page_table._normalize_page_table_kernel]
     specs = []
     for fn in kernels:
@@ -150,7 +151,12 @@ def _compile(fn, spec: dict, target):
             signature[name] = "constexpr"
         elif name in spec["signature"]:
             signature[name] = spec["signature"][name]
-        else:  # an argument added since the capture
+        elif fn.params[names.index(name)].is_constexpr:  # a constexpr added since the capture: its
+            param = fn.params[names.index(name)]          # default, else 0 (off: the CUDA path)
+            has_default = param.default is not inspect.Parameter.empty
+            constexprs[name] = (param.default.value if hasattr(param.default, "value") else param.default) if has_default else 0
+            signature[name] = "constexpr"
+        else:  # a runtime argument added since the capture
             signature[name] = "i32"
     for name, value in spec["signature"].items():
         if value == "constexpr" and name in names and name not in constexprs:
@@ -160,6 +166,10 @@ def _compile(fn, spec: dict, target):
     src = ASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
     compiled = triton.compile(src, target=target, options=dict(spec["options"]))
     return compiled
+
+
+#: kernels renamed since a capture: old name -> today's
+_RENAMED = {"_mla_decode_kernel": "_mla_attention_kernel"}
 
 
 def compare(specs_path: str, old_path: str, module: str = "paged_attention") -> int:
@@ -178,7 +188,7 @@ def compare(specs_path: str, old_path: str, module: str = "paged_attention") -> 
     grown = compared = 0
     seen = set()
     for spec in specs:
-        fn_name = spec["kernel"]
+        fn_name = _RENAMED.get(spec["kernel"], spec["kernel"])
         if not hasattr(today, fn_name):
             continue
         key = json.dumps([spec["constants"], spec["options"]], sort_keys=True)

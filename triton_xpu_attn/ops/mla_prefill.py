@@ -1,7 +1,7 @@
 """MLA prefill (DeepSeek-style latent attention over ragged queries): ``flash_mla_prefill`` and
 ``flash_mla_prefill_get_workspace_size``, drop-ins for sgl-kernel-xpu's functions of the same names.
 
-The kernel is the MLA decode kernel (``mla_decode._mla_decode_kernel``) in its ragged mode
+The kernel is the MLA kernel family's (``mla._mla_attention_kernel``) in its ragged mode
 (``RAGGED=True``): the masking, the online softmax and the "V = the first R channels of the K tile"
 reuse are that kernel's, only the mapping of programs to query rows and the key range differ.
 
@@ -56,9 +56,9 @@ from .._common import (
     validate_lengths_and_pages,
     validate_query_offsets,
 )
-from .mla_decode import (
+from .mla import (
     LOG2E,
-    _mla_decode_kernel,
+    _mla_attention_kernel,
     as_kv_scale,
     latent_chunk,
     latent_descriptors,
@@ -67,7 +67,7 @@ from .mla_decode import (
     check_sm_scale,
     split_queries,
 )
-from .mla_decode import xpu_tiles as mla_xpu_tiles
+from .mla import xpu_tiles as mla_xpu_tiles
 
 
 def flash_mla_prefill_get_workspace_size(
@@ -125,7 +125,7 @@ def _heuristic_config(head_dim_v: int, dtype: torch.dtype) -> dict:
     if backend == "interpreter":
         return dict(BLOCK_H=16, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=1)
     if backend == "xpu":
-        return mla_xpu_tiles(32, head_dim_v, ragged=True)  # no spill in the native code (mla_decode.xpu_tiles)
+        return mla_xpu_tiles(32, head_dim_v, ragged=True)  # no spill in the native code (mla.xpu_tiles)
     if dtype == torch.float32:
         return dict(BLOCK_H=32, BLOCK_N=16, BLOCK_DV=0, num_warps=4, num_stages=1)
     # decode's tile at 64+ rows (H200/H100, R=512: 64 rows x 64 keys, 8 warps); whole-page key
@@ -285,7 +285,7 @@ def flash_mla_prefill(
     qn_s, qp_s = q_nope.stride(), q_pe.stride()
     latent_descs = latent_descriptors(cache, R, config, block_n, block_dv, device)
     with device_guard(device):
-        _mla_decode_kernel[grid](
+        _mla_attention_kernel[grid](
             q_nope, q_pe, 0, qn_s[0], qn_s[1], 0, qp_s[0], qp_s[1],
             cache, cache.stride(0), cache.stride(1),
             *latent_descs,

@@ -496,9 +496,17 @@ def _paged_attention_kernel(
     if Q_MAPPING < 2:
         # the last query tiles of every request first: with a causal mask they see the most keys,
         # so the cheap early tiles fill the tail of the grid instead of forming a last wave of
-        # heavy ones (one tile per request, as in decode: program b is request b)
-        b = pid_q % batch
-        q_tile = tiles_per_request - 1 - pid_q // batch
+        # heavy ones
+        if tiles_per_request == 1:
+            # one tile per request (decode): program b is request b. Triton folds a launch's 1 into
+            # a constant, and this branch keeps the division and modulo out of the decode kernel:
+            # with them ptxas gave the 32/8/128 P = 16 decode tile 164 registers instead of 128,
+            # 3 programs per SM instead of 4, 1.14x slower (experiments/decode_p16_regression.txt)
+            b = pid_q
+            q_tile = pid_q * 0
+        else:
+            b = pid_q % batch
+            q_tile = tiles_per_request - 1 - pid_q // batch
     if Q_MAPPING == 0:
         q_start = b * uniform_q_len
         q_len = uniform_q_len

@@ -1,0 +1,40 @@
+"""The decode-residency guard (issue 30 item 1), on an NVIDIA GPU: every decode and draft case of
+the paged benchmark's grid keeps as many programs per SM as the committed record
+(bench/results/<device>/decode_residency.json) says, with no more spills. A kernel change that
+grows registers across an occupancy step fails here, naming the case, before anyone times it."""
+import pytest
+
+from triton_xpu_attn import device as _device
+
+H100 = dict(regs=65536, shared=233472, programs=32, warps=64)
+
+
+@pytest.mark.skipif(_device.backend() != "cuda", reason="reads compiled CUDA kernels")
+def test_decode_residency_not_worse_than_record():
+    from bench import residency
+
+    what, worse = residency.check()
+    if what.startswith("no record") or " is for Triton " in what:
+        pytest.skip(what)
+    assert not worse, "\n".join([what] + worse)
+
+
+def test_compare_names_a_case_that_lost_a_program():
+    from bench import residency
+
+    old = {"x": [dict(kernel="k", regs=128, spills=0, shared=38912, warps=4, resident=4)]}
+    new = {"x": [dict(kernel="k", regs=164, spills=0, shared=38912, warps=4, resident=3)]}
+    assert residency.compare(old, new) == ["x k: 128 -> 164 registers, 0 -> 0 spills, 38912 -> 38912 B shared, "
+                                           "4 -> 3 programs per SM"]
+    assert residency.compare(old, old) == []
+
+
+def test_resident_programs_of_the_regressed_tile():
+    """The 32/8/128 P = 16 decode tile (4 warps, 38 KB shared): 128 registers hold 4 programs an
+    SM, 164 hold 3 (the regression's cause); shared memory and the warp limit bound the rest."""
+    from bench.residency import resident_programs
+
+    assert resident_programs(128, 38912, 4, H100) == 4
+    assert resident_programs(164, 38912, 4, H100) == 3
+    assert resident_programs(64, 114744, 4, H100) == 2  # shared memory bound
+    assert resident_programs(32, 0, 8, H100) == 8  # 64 warps an SM
