@@ -70,3 +70,15 @@ def invisible_slots(num_pages, page_size, page_table, q_lens, kv_lens, causal=Fa
         pages = page_table[b].cpu().long()[keys // page_size]
         seen[pages * page_size + keys % page_size] = True
     return ~seen.view(num_pages, page_size)
+
+
+#: the engines' usual (D, Dv) pairs
+COMMON_HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]
+
+
+def head_dim_pairs(max_dim: int = 256):
+    """(D, Dv): the usual pairs, or any multiples of 8 up to ``max_dim`` (equal or not; issue 31)."""
+    from hypothesis import strategies as st
+
+    any_dim = st.integers(1, max_dim // 8).map(lambda k: 8 * k)
+    return st.one_of(st.sampled_from(COMMON_HEAD_DIMS), any_dim.map(lambda d: (d, d)), st.tuples(any_dim, any_dim))

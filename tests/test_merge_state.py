@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import DEVICE, FLOAT_DTYPES, assert_close, poison
-from triton_xpu_attn import merge_state_v2
+from triton_xpu_attn import merge_state, merge_state_v2
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn.ops.merge_state import combine_splits
 
@@ -23,13 +23,19 @@ def test_reference_hand_example():
             assert v.item() == 7.0 and s.item() == 1.5
     v, s = ref.merge_state_v2(torch.tensor([[[1.0]]]), torch.tensor([[-math.inf]]), torch.tensor([[[7.0]]]), torch.tensor([[-math.inf]]))
     assert v.item() == 0.0 and s.item() == -math.inf
+    # merge_state (v1) is base 2: LSEs 0 and 1 weigh 1 : 2, and the merged LSE is log2(1 + 2)
+    v, s = ref.merge_state(torch.tensor([[[3.0]]]), torch.tensor([[0.0]]), torch.tensor([[[6.0]]]), torch.tensor([[1.0]]))
+    assert v.item() == pytest.approx(5.0) and s.item() == pytest.approx(math.log2(3))
 
 
 @given(
     n=st.integers(0, 5), h=st.integers(1, 4), dv=st.sampled_from([8, 64, 80]), dtype=st.sampled_from(FLOAT_DTYPES),
-    seed=st.integers(0, 2**16), transposed_lse=st.booleans(), empties=st.booleans(),
+    seed=st.integers(0, 2**16), transposed_lse=st.booleans(), empties=st.booleans(), base2=st.booleans(),
 )
-def test_merge_state_v2_matches_reference(n, h, dv, dtype, seed, transposed_lse, empties):
+def test_merge_state_matches_reference(n, h, dv, dtype, seed, transposed_lse, empties, base2):
+    """merge_state_v2 (natural-log LSEs) and merge_state (v1, base 2: sgl-kernel's FlashInfer
+    cascade merge) against the float64 references."""
+    op, reference = (merge_state, ref.merge_state) if base2 else (merge_state_v2, ref.merge_state_v2)
     gen = torch.Generator().manual_seed(seed)
     v_a, v_b = (torch.randn(n, h, dv, generator=gen).to(dtype) for _ in range(2))
     s_a, s_b = (torch.randn(n, h, generator=gen) * 3 for _ in range(2))
@@ -43,10 +49,10 @@ def test_merge_state_v2_matches_reference(n, h, dv, dtype, seed, transposed_lse,
         v_b[-1] = math.nan
     if transposed_lse:  # sglang passes lse.T of an [H, N] tensor
         s_a, s_b = s_a.T.contiguous().T, s_b.T.contiguous().T
-    v_ref, s_ref = ref.merge_state_v2(v_a, s_a, v_b, s_b)
+    v_ref, s_ref = reference(v_a, s_a, v_b, s_b)
     v_out = poison(torch.empty(n, h, dv, dtype=dtype, device=DEVICE))
     s_out = poison(torch.empty(n, h, device=DEVICE))
-    v, s = merge_state_v2(v_a.to(DEVICE), s_a.to(DEVICE), v_b.to(DEVICE), s_b.to(DEVICE), v_out, s_out)
+    v, s = op(v_a.to(DEVICE), s_a.to(DEVICE), v_b.to(DEVICE), s_b.to(DEVICE), v_out, s_out)
     assert v is v_out and s is s_out
     assert not torch.isnan(v).any() and not torch.isnan(s).any()
     if n:
@@ -107,3 +113,20 @@ def test_combine_tiling_spreads_a_tile_over_warps_on_xpu(monkeypatch):
         block_dv, split_block, num_warps = combine_tiling(rows=16, num_splits=64, head_dim_v=64, compute_units=64)
         assert (block_dv, split_block, num_warps) == (64, 64, warps)
     assert combine_tiling(rows=16, num_splits=4, head_dim_v=64, compute_units=64)[2] == 1  # 256 floats: one warp
+
+
+def test_merge_state_v1_is_the_base2_merge():
+    """sgl-kernel's merge_state test compares with FlashInfer's Triton cascade merge (exp2 / log2):
+    the same numbers from the formula written out, and v1 equals v2 on LSEs times ln 2."""
+    gen = torch.Generator().manual_seed(3)
+    v_a, v_b = (torch.randn(7, 4, 64, generator=gen).half() for _ in range(2))
+    s_a, s_b = (torch.randn(7, 4, generator=gen) * 4 for _ in range(2))
+    m = torch.maximum(s_a, s_b)
+    w_a, w_b = torch.exp2(s_a - m), torch.exp2(s_b - m)
+    v_expected = (v_a.float() * w_a[..., None] + v_b.float() * w_b[..., None]) / (w_a + w_b)[..., None]
+    s_expected = m + torch.log2(w_a + w_b)
+    v, s = merge_state(v_a.to(DEVICE), s_a.to(DEVICE), v_b.to(DEVICE), s_b.to(DEVICE))
+    assert v.dtype == torch.float16 and s.dtype == torch.float32
+    assert torch.allclose(v.float().cpu(), v_expected, atol=1e-2) and torch.allclose(s.cpu(), s_expected, atol=1e-4)
+    v2, s2 = merge_state_v2(v_a.to(DEVICE), (s_a * math.log(2)).to(DEVICE), v_b.to(DEVICE), (s_b * math.log(2)).to(DEVICE))
+    assert torch.allclose(v.float(), v2.float(), atol=1e-3) and torch.allclose(s * math.log(2), s2, atol=1e-5)

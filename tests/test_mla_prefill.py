@@ -19,7 +19,7 @@ from triton_xpu_attn import (
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
 
-PAGE_SIZES = [2**i for i in range(9)]
+PAGE_SIZES = [2**i for i in range(12)]  # 1 to 2048
 # (R, Dr): tiny latent widths under the interpreter (one not a power of two); DeepSeek's on GPUs
 SHAPES = [(32, 16), (24, 8)] if INTERPRET else [(512, 64), (256, 32), (32, 16)]
 FP8 = getattr(torch, "float8_e4m3fn", None)

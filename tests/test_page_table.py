@@ -7,7 +7,7 @@ from helpers import DEVICE, poison
 from triton_xpu_attn import normalize_page_table, translate_loc_from_full_to_swa
 from triton_xpu_attn import reference as ref
 
-PAGE_SIZES = [2**i for i in range(9)]
+PAGE_SIZES = [2**i for i in range(12)]  # 1 to 2048
 
 
 def _pool(num_reqs, page_size, max_len, gen):

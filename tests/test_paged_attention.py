@@ -6,16 +6,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, KV_LOADS, assert_close, invisible_slots, kv_load_config, poison
+from helpers import DEVICE, FLOAT_DTYPES, KV_LOADS, assert_close, head_dim_pairs, invisible_slots, kv_load_config, poison
 from triton_xpu_attn import flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import device as _device
 from triton_xpu_attn import tune
 from triton_xpu_attn._common import whole_wave_splits
 
-PAGE_SIZES = [2**i for i in range(9)]
+PAGE_SIZES = [2**i for i in range(12)]  # 1 to 2048
 GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 12]
-HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]
 
 
 def make_paged_cache(num_pages, page_size, num_kv_heads, head_dim, head_dim_v, dtype, layout, gen):
@@ -48,7 +47,7 @@ def attention_problems(draw, max_batch=3, max_q=6, max_ctx=40):
     batch = draw(st.integers(1, max_batch))
     group = draw(st.sampled_from(GROUPS))
     num_kv_heads = draw(st.integers(1, 2))
-    head_dim, head_dim_v = draw(st.sampled_from(HEAD_DIMS))
+    head_dim, head_dim_v = draw(head_dim_pairs())
     page_size = draw(st.sampled_from(PAGE_SIZES))
     decode = draw(st.booleans())
     q_lens = [1 if decode else draw(st.integers(0, max_q)) for _ in range(batch)]
@@ -367,6 +366,37 @@ def test_fp8_cache(fp8, per_head_scale, tiles):
         )
     out_ref, _ = ref.paged_attention(q, k, v, seqlens, table, cu, k_descale=k_scale, v_descale=v_scale)
     assert_close(got, out_ref, torch.float16)
+
+
+@pytest.mark.parametrize("shape", ["per sequence [B]", "[B, 1]", "[1, H_kv]", "expanded to 3 heads", "expanded [1] to [B, 5]"])
+def test_descale_shapes_engines_pass(shape):
+    """Descales as vLLM passes them (issue 31): per sequence, size-1 dims, and one value expanded to
+    a head count that is not the KV heads' (Intel's kernel reads its first element); each equals
+    the same call with the scale written out as [B, H_kv]. An ambiguous shape raises naming it."""
+    gen = torch.Generator().manual_seed(7)
+    batch, hkv, hq = 2, 2, 4
+    fp8 = torch.float8_e4m3fn
+    k = (torch.randn(5, 16, hkv, 64, generator=gen) * 4).to(fp8)
+    v = (torch.randn(5, 16, hkv, 64, generator=gen) * 4).to(fp8)
+    q = torch.randn(batch, 1, hq, 64, generator=gen).half()
+    table = torch.tensor([[1, 3], [2, 4]], dtype=torch.int32)
+    seqlens = torch.tensor([30, 17], dtype=torch.int32)
+    per_seq = torch.tensor([0.25, 0.5])
+    given, full = {
+        "per sequence [B]": (per_seq, per_seq[:, None].expand(batch, hkv)),
+        "[B, 1]": (per_seq[:, None], per_seq[:, None].expand(batch, hkv)),
+        "[1, H_kv]": (torch.tensor([[0.3, 0.6]]), torch.tensor([[0.3, 0.6]]).expand(batch, hkv)),
+        "expanded to 3 heads": (per_seq[:, None].expand(batch, 3), per_seq[:, None].expand(batch, hkv)),
+        "expanded [1] to [B, 5]": (torch.tensor([0.4]).expand(batch, 5), torch.full((batch, hkv), 0.4)),
+    }[shape]
+    call = dict(cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE))
+    got = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=given.to(DEVICE),
+                                  v_descale=given.to(DEVICE), **call)
+    want = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=full.contiguous().to(DEVICE),
+                                   v_descale=full.contiguous().to(DEVICE), **call)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"k_descale must be a scalar.*got \[2, 3\].*ambiguous"):
+        flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=torch.ones(2, 3, device=DEVICE), **call)
 
 
 def test_large_gqa_group_uses_several_head_blocks():

@@ -13,14 +13,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, KV_LOADS, assert_close, kv_load_config, poison
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, KV_LOADS, assert_close, head_dim_pairs, kv_load_config, poison
 from test_paged_attention import check_lse
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import flash_attn_varlen_func, tune
 from triton_xpu_attn import reference as ref
 
 GROUPS = [1, 2, 3, 4, 6, 8]
-HEAD_DIMS = [(64, 64), (80, 80), (128, 128), (192, 128), (256, 256)]
 LAYOUTS = ["separate", "packed", "padded", "token_strided"]
 
 
@@ -50,13 +49,15 @@ def make_kv(total_k, num_kv_heads, head_dim, head_dim_v, dtype, layout, gen):
 def varlen_problems(draw, max_batch=3, max_q=6, max_k=12):
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     batch = draw(st.integers(0, max_batch))
-    head_dim, head_dim_v = draw(st.sampled_from(HEAD_DIMS))
+    head_dim, head_dim_v = draw(head_dim_pairs())
     causal = draw(st.booleans())
     q_lens = [draw(st.integers(0, max_q)) for _ in range(batch)]
     k_lens = [draw(st.integers(0, max_k)) for _ in range(batch)]  # q_len > kv_len happens
     use_seqused = draw(st.booleans())
     seqused = [draw(st.integers(0, n)) for n in k_lens] if use_seqused else None
-    return dict(
+    # FlashAttention-3's seqused_q (issue 31): the first rows of each slice, masks aligned to them
+    seqused_q = [draw(st.integers(0, n)) for n in q_lens] if draw(st.booleans()) else None
+    return dict(seqused_q=seqused_q,
         dtype=dtype, batch=batch, group=draw(st.sampled_from(GROUPS)), num_kv_heads=draw(st.integers(1, 2)),
         head_dim=head_dim, head_dim_v=head_dim_v, q_lens=q_lens, k_lens=k_lens, seqused=seqused,
         k_offset=draw(st.sampled_from([0, 0, 3])),  # cu_seqlens_k[0] > 0: rows before the first request
@@ -93,13 +94,15 @@ def run_problem(pb, device=DEVICE):
     sinks = torch.randn(num_q_heads, generator=gen) if pb["sinks"] else None
     seqused = torch.tensor(pb["seqused"], dtype=torch.int32) if pb["seqused"] is not None else None
     options = dict(causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"], sinks=sinks)
-    out_ref, lse_ref = ref.varlen_attention(q, k, v, cu_q, cu_k, seqused, **options)
+    seqused_q = torch.tensor(pb["seqused_q"], dtype=torch.int32) if pb.get("seqused_q") is not None else None
+    out_ref, lse_ref = ref.varlen_attention(q, k, v, cu_q, cu_k, seqused, seqused_q=seqused_q, **options)
 
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     out = poison(torch.empty(total_q, num_q_heads, pb["head_dim_v"], dtype=dtype, device=device))
     max_q = max(pb["q_lens"], default=0) if pb["give_max_seqlen_q"] else None
     got, lse = flash_attn_varlen_func(
-        to(q), to(k), to(v), to(cu_q), to(cu_k), max_q, max(pb["k_lens"], default=0), seqused_k=to(seqused),
+        to(q), to(k), to(v), to(cu_q), to(cu_k), max_q, max(pb["k_lens"], default=0), seqused_q=to(seqused_q),
+        seqused_k=to(seqused),
         return_softmax_lse=True, num_splits=pb["num_splits"], out=out, **{**options, "sinks": to(sinks)},
     )
     assert got is out
@@ -136,6 +139,35 @@ def test_short_key_tiles(block_n, limits, kv_load):
         got, lse, out_ref, lse_ref = run_problem(pb)
     assert_close(got, out_ref, torch.float32)
     check_lse(lse, lse_ref, torch.float32)
+
+
+@pytest.mark.parametrize("kv_load", KV_LOADS)
+@pytest.mark.parametrize("limits", [dict(causal=True), dict(causal=True, window=(5, 0)), dict(causal=False, window=(3, 2))])
+def test_seqused_q(limits, kv_load):
+    """seqused_q with FlashAttention-3's meaning: request b uses the first seqused_q[b] rows of its
+    slice (the causal / window alignment with them), the rest give 0 and LSE -inf; 16-key and
+    16-row tiles so a tile holds used and unused rows and the unmasked-tile range must not cover
+    the unused ones; splits too. Against the reference (the used rows alone, scattered back)."""
+    pb = _problem(q_lens=[12, 7, 5], k_lens=[70, 41, 9], seqused_q=[5, 7, 0], num_splits=3, sinks=True, batch=3, **limits)
+    with tune.override("paged_attention", dict(BLOCK_N=16, BLOCK_M=16, **kv_load_config(kv_load))):
+        got, lse, out_ref, lse_ref = run_problem(pb)
+        assert_close(got, out_ref, torch.float32)
+        check_lse(lse, lse_ref, torch.float32)
+        # unused rows: exactly 0 and -inf (request 0's rows 5..11, request 2's all)
+        assert (got[5:12] == 0).all() and (got[19:24] == 0).all()
+        assert torch.isneginf(lse[:, 5:12]).all() and torch.isneginf(lse[:, 19:24]).all()
+
+
+def test_seqused_q_validate_names_the_request():
+    q = torch.zeros(5, 2, 64, device=DEVICE)
+    k = torch.zeros(6, 1, 64, device=DEVICE)
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 3, 6], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"seqused_q\[1\] = 4 lies outside \[0, 3\]"):
+        flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 3, seqused_q=torch.tensor([1, 4], dtype=torch.int32, device=DEVICE),
+                               validate=True)
+    with pytest.raises(TypeError, match="seqused_q"):
+        flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 3, seqused_q=[1, 2])
 
 
 def test_more_queries_than_keys():
@@ -260,14 +292,15 @@ def _valid_args():
         (dict(v=torch.zeros(4, 2, 64)), ValueError, r"v must have shape \[5, 2, Dv\] like k"),
         (dict(q=torch.zeros(3, 4, 128)), ValueError, r"q's head dim \(128\) must equal k's \(64\)"),
         (dict(q=torch.zeros(3, 3, 64)), ValueError, "multiple of the KV heads"),
-        (dict(q=torch.zeros(3, 4, 48), k=torch.zeros(5, 2, 48), v=torch.zeros(5, 2, 48)), ValueError, "head dim D must be one of"),
-        (dict(v=torch.zeros(5, 2, 40)), ValueError, "value head dim Dv must be one of"),
+        (dict(q=torch.zeros(3, 4, 44), k=torch.zeros(5, 2, 44), v=torch.zeros(5, 2, 44)), ValueError,
+         "head dim D must be a multiple of 8 from 8 to 256"),
+        (dict(v=torch.zeros(5, 2, 264)), ValueError, "value head dim Dv must be a multiple of 8 from 8 to 256"),
         (dict(cu_seqlens_q=torch.tensor([0, 1, 3])), TypeError, "cu_seqlens_q must have dtype"),
         (dict(cu_seqlens_q=torch.zeros(0, dtype=torch.int32)), ValueError, "cu_seqlens_q must have B"),
         (dict(cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32)), ValueError, r"cu_seqlens_k must have shape \[3\]"),
         (dict(cu_seqlens_k=torch.tensor([0, 2, 5])), TypeError, "cu_seqlens_k must have dtype"),
         (dict(seqused_k=torch.ones(3, dtype=torch.int32)), ValueError, r"seqused_k must have shape \[2\]"),
-        (dict(seqused_q=torch.ones(2, dtype=torch.int32)), ValueError, "seqused_q: seqused_q is not supported"),
+        (dict(seqused_q=torch.ones(3, dtype=torch.int32)), ValueError, "seqused_q must have shape"),
         (dict(qv=torch.zeros(3, 4, 64)), ValueError, "qv: "),
         (dict(q_descale=torch.ones(1)), ValueError, "q_descale: "),
         (dict(max_seqlen_q=torch.tensor(2)), TypeError, "max_seqlen_q must be an int"),

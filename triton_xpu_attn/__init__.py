@@ -6,7 +6,7 @@ interpreter on a machine without a GPU before any kernel is defined.
 """
 from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
 from .ops.local_attention import make_local_attention_virtual_batches, max_local_attention_virtual_batches
-from .ops.merge_state import merge_state_v2
+from .ops.merge_state import merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
 from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
 from .ops.paged_attention import flash_attn_with_kvcache
@@ -27,6 +27,7 @@ __all__ = [
     "flash_mla_prefill_get_workspace_size",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
+    "merge_state",
     "merge_state_v2",
     "normalize_page_table",
     "prepare_swa_spec_page_table",

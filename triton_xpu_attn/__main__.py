@@ -94,6 +94,14 @@ def check_merge_state(dev, dtype, gen):
     return max(_max_rel(v, v_ref), _max_rel(s, s_ref)), ms
 
 
+def check_merge_state_base2(dev, dtype, gen):
+    v_a, v_b = (torch.randn(6, 4, 128, generator=gen).to(dtype) for _ in range(2))
+    s_a, s_b = (torch.randn(6, 4, generator=gen) for _ in range(2))
+    (v, s), ms = _timed(lambda: tx.merge_state(v_a.to(dev), s_a.to(dev), v_b.to(dev), s_b.to(dev)))
+    v_ref, s_ref = ref.merge_state(v_a, s_a, v_b, s_b)
+    return max(_max_rel(v, v_ref), _max_rel(s, s_ref)), ms
+
+
 def check_normalize_page_table(dev, dtype, gen):
     page_size = 16
     slots = (torch.randperm(40, generator=gen)[:24] + 1).view(3, 8)[:, :, None] * page_size + torch.arange(page_size)
@@ -177,6 +185,7 @@ CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
     ("flash_attn_varlen_func", "paged_attention", check_varlen_attention, True),
     ("merge_state_v2", None, check_merge_state, True),
+    ("merge_state", None, check_merge_state_base2, True),
     ("normalize_page_table", None, check_normalize_page_table, False),
     ("translate_loc_from_full_to_swa", None, check_translate_loc, False),
     ("make_local_attention_virtual_batches", None, check_local_attention, False),

@@ -16,8 +16,9 @@ from . import device as _device  # first: selects the interpreter before triton 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-#: page sizes every op accepts: powers of two from 1 to 256.
-SUPPORTED_PAGE_SIZES = tuple(2**i for i in range(9))
+#: page sizes every op accepts: powers of two from 1 to 2048 (vLLM's large-page pools reach 2048;
+#: a page's tiles are addressed one tile at a time, so no 2D surface spans a whole page)
+SUPPORTED_PAGE_SIZES = tuple(2**i for i in range(12))
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = tuple(
@@ -153,7 +154,7 @@ def check_window(value: Any, name: str = "window_size") -> tuple[int, int]:
 def check_page_size(page_size: Any, name: str = "page_size") -> int:
     page_size = check_int(page_size, name)
     if page_size not in SUPPORTED_PAGE_SIZES:
-        raise ValueError(f"{name} must be a power of two from 1 to 256, got {page_size}")
+        raise ValueError(f"{name} must be a power of two from 1 to 2048, got {page_size}")
     return page_size
 
 

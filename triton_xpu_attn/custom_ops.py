@@ -217,10 +217,11 @@ def flash_attn_varlen_func(
     softcap: float = 0.0,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    seqused_q: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`triton_xpu_attn.flash_attn_varlen_func` as a custom op: ``(out, lse)``."""
     res = _varlen.flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
         softmax_scale=softmax_scale, sinks=sinks, causal=causal, k_descale=k_descale, v_descale=v_descale,
         window_size=(window_left, window_right), softcap=softcap, num_splits=num_splits,
         return_softmax_lse=return_softmax_lse,
@@ -231,7 +232,7 @@ def flash_attn_varlen_func(
 @flash_attn_varlen_func.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
       sinks=None, causal=False, k_descale=None, v_descale=None, window_left=-1, window_right=-1, softcap=0.0,
-      num_splits=0, return_softmax_lse=False):
+      num_splits=0, return_softmax_lse=False, seqused_q=None):
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
     return out, lse

@@ -135,16 +135,30 @@ def varlen_attention(
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     seqused_k: torch.Tensor | None = None,
+    seqused_q: torch.Tensor | None = None,
     **options,
 ):
     """Attention of ragged queries over ragged contiguous keys (``flash_attn_varlen_func``).
 
     ``q [total_q, Hq, D]``, ``k [total_k, H_kv, D]``, ``v [total_k, H_kv, Dv]``; request ``b``
     owns rows ``cu_seqlens_k[b]..`` of k/v, of which it uses the first ``seqused_k[b]`` (clamped
-    to its slice) or all. Expressed as :func:`paged_attention` over pages of one token with a
-    table pointing at each request's rows, so both share one mask and softmax. ``options`` as
-    there; returns ``(out [total_q, Hq, Dv], lse [Hq, total_q])``.
+    to its slice) or all, and of its query rows the first ``seqused_q[b]`` (clamped likewise;
+    masks align to them, the other rows give 0 and LSE -inf) or all. Expressed as
+    :func:`paged_attention` over pages of one token with a table pointing at each request's rows,
+    so both share one mask and softmax. ``options`` as there; returns
+    ``(out [total_q, Hq, Dv], lse [Hq, total_q])``.
     """
+    if seqused_q is not None:
+        cu_q = [int(x) for x in cu_seqlens_q]
+        counts = [max(0, min(int(u), e - s)) for u, s, e in zip(seqused_q, cu_q[:-1], cu_q[1:])]
+        rows = torch.tensor([r for s, n in zip(cu_q[:-1], counts) for r in range(s, s + n)], dtype=torch.long)
+        used_cu = torch.tensor([0] + torch.tensor(counts, dtype=torch.long).cumsum(0).tolist(), dtype=torch.long)
+        out_used, lse_used = varlen_attention(q[rows], k, v, used_cu, cu_seqlens_k, seqused_k, **options)
+        out = torch.zeros((q.shape[0], *out_used.shape[1:]), dtype=out_used.dtype)
+        lse = torch.full((lse_used.shape[0], q.shape[0]), -math.inf, dtype=lse_used.dtype)
+        out[rows] = out_used
+        lse[:, rows] = lse_used
+        return out, lse
     cu_k = [int(x) for x in cu_seqlens_k]
     slices = [e - s for s, e in zip(cu_k[:-1], cu_k[1:])]
     used = slices if seqused_k is None else [max(0, min(int(u), n)) for u, n in zip(seqused_k, slices)]
@@ -178,6 +192,12 @@ def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     v = (part_a + part_b) / d_safe[..., None]
     s = torch.where(d > 0, torch.log(d_safe) + m_safe, torch.full_like(d, -math.inf))
     return v, s
+
+
+def merge_state(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
+    """:func:`merge_state_v2` with base-2 LSEs in and out (sgl-kernel's ``merge_state``, v1)."""
+    v, s = merge_state_v2(v_a, s_a.to(dtype) * math.log(2), v_b, s_b.to(dtype) * math.log(2), dtype)
+    return v, s / math.log(2)
 
 
 def normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, max_pages=None, full_to_swa=None):

@@ -66,6 +66,8 @@ def _compiled_ptx(fn, signature: dict, constexprs: dict, params: list, options: 
     for name in [n for n in constexprs if n not in params]:
         constexprs.pop(name)
         signature.pop(name, None)
+    for name in [n for n in signature if n not in params]:  # a runtime argument added since
+        signature.pop(name)
     for name in constexprs:
         signature[name] = "constexpr"
     kernel = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)

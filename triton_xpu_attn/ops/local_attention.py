@@ -341,7 +341,7 @@ def make_local_attention_virtual_batches(
         computation runs on its device (on the CPU under a GPU backend: the host path). A
         token-granular ``req_to_token`` must go through :func:`normalize_page_table` first.
     page_size : int
-        ``P``, tokens per page: a power of two from 1 to 256 dividing ``attn_chunk_size``.
+        ``P``, tokens per page: a power of two from 1 to 2048 dividing ``attn_chunk_size``.
     preserve_attn_chunk_size : bool
         ``True`` (default): use ``attn_chunk_size`` as given. ``False``: sglang's default, its
         "sequence-length-based chunk normalization": the chunk becomes ``max(P, (min(C,

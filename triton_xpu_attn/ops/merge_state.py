@@ -1,5 +1,6 @@
-"""Merging attention states: the split-KV combine (shared by paged attention and MLA decode) and
-``merge_state_v2`` for cascade attention. One merge rule, written once in ``_lse_weights``."""
+"""Merging attention states: the split-KV combine (shared by paged attention and MLA decode),
+``merge_state_v2`` (natural-log LSEs) and ``merge_state`` (base-2 LSEs, sgl-kernel's v1) for
+cascade attention. One merge rule, written once in ``_lse_weights``."""
 from __future__ import annotations
 
 import torch
@@ -123,13 +124,19 @@ def _merge_state_kernel(
     stride_so_n,
     stride_so_h,
     BLOCK_D: tl.constexpr,
+    BASE2: tl.constexpr = False,
 ):
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     two = tl.arange(0, 2)
     s_a = tl.load(s_a_ptr + n * stride_sa_n + h * stride_sa_h).to(tl.float32)
     s_b = tl.load(s_b_ptr + n * stride_sb_n + h * stride_sb_h).to(tl.float32)
+    if BASE2:  # merge_state (v1): base-2 LSEs in and out, merged as natural logs
+        s_a = s_a * 0.6931471805599453
+        s_b = s_b * 0.6931471805599453
     w, denom, merged = _lse_weights(tl.where(two == 0, s_a, s_b), 0.0, False)
+    if BASE2:
+        merged = merged * 1.4426950408889634
     w_a = tl.sum(tl.where(two == 0, w, 0.0), axis=0) / denom
     w_b = tl.sum(tl.where(two == 1, w, 0.0), axis=0) / denom
     d = tl.arange(0, BLOCK_D)
@@ -160,6 +167,7 @@ register_xpu_compile(
         v_a_ptr="*bf16", s_a_ptr="*fp32", v_b_ptr="*bf16", s_b_ptr="*fp32", v_out_ptr="*bf16", s_out_ptr="*fp32",
         num_heads="i32", head_dim="i32", stride_va_n="i64", stride_va_h="i32", stride_vb_n="i64", stride_vb_h="i32",
         stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32", stride_so_n="i32", stride_so_h="i32", BLOCK_D=128,
+        BASE2=False,
     ),
     num_warps=4,
 )
@@ -259,6 +267,47 @@ def merge_state_v2(
     tuple[torch.Tensor, torch.Tensor]
         ``(v_merged [N, H, Dv], s_merged [N, H] fp32)``.
     """
+    return _merge_states(v_a, s_a, v_b, s_b, v_merged, s_merged, base2=False)
+
+
+def merge_state(
+    v_a: torch.Tensor,
+    s_a: torch.Tensor,
+    v_b: torch.Tensor,
+    s_b: torch.Tensor,
+    v_merged: torch.Tensor | None = None,
+    s_merged: torch.Tensor | None = None,
+):
+    """Merge two attention states with base-2 LSEs: sgl-kernel's ``merge_state`` (v1, FlashInfer's
+    cascade merge), same signature as :func:`merge_state_v2`.
+
+    ``v = (v_a * 2^{s_a} + v_b * 2^{s_b}) / (2^{s_a} + 2^{s_b})``, ``s = log2(2^{s_a} + 2^{s_b})``,
+    computed stably in fp32. A non-finite LSE marks an empty state (ignored whatever its value
+    holds); two empty states give ``v = 0, s = -inf``.
+
+    Parameters
+    ----------
+    v_a, v_b : torch.Tensor
+        ``[N, H, Dv]`` fp16/bf16/fp32 partial outputs (same shape and dtype; last dim contiguous).
+    s_a, s_b : torch.Tensor
+        ``[N, H]`` base-2 LSEs of the two states, any float dtype (read as fp32). This package's
+        ops return natural-log LSEs: pass them to :func:`merge_state_v2`, or multiply by
+        ``log2(e)`` first.
+    v_merged : torch.Tensor, optional
+        ``[N, H, Dv]`` destination in ``v_a``'s dtype.
+    s_merged : torch.Tensor, optional
+        ``[N, H]`` fp32 destination (any strides).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        ``(v_merged [N, H, Dv], s_merged [N, H] fp32 base-2 LSE)``.
+    """
+    return _merge_states(v_a, s_a, v_b, s_b, v_merged, s_merged, base2=True)
+
+
+def _merge_states(v_a, s_a, v_b, s_b, v_merged, s_merged, base2: bool):
+    """The checks and the launch both merges share (``base2``: the LSEs' base)."""
     check_tensor("v_a", v_a, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     n, h, dv = v_a.shape
     check_tensor("v_b", v_b, dtypes=(v_a.dtype,), shape=(n, h, dv), last_dim_contiguous=True)
@@ -281,6 +330,7 @@ def merge_state_v2(
             v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), v_merged.stride(0), v_merged.stride(1),
             s_a.stride(0), s_a.stride(1), s_b.stride(0), s_b.stride(1), s_merged.stride(0), s_merged.stride(1),
             BLOCK_D=next_power_of_2(dv),
+            BASE2=base2,
             num_warps=4,
         )
     return v_merged, s_merged

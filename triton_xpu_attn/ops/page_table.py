@@ -165,7 +165,7 @@ def normalize_page_table(
         ``[B]`` int32/int64: KV length of each request (tokens, including new ones); only sizes
         the default width.
     page_size : int
-        Tokens per page, a power of two from 1 to 256.
+        Tokens per page, a power of two from 1 to 2048.
     max_pages : int, optional
         Width of the result. Default ``cdiv(max(seq_lens), page_size)`` (sglang's width), which
         reads ``seq_lens`` on the host; give ``max_pages`` (or ``out``) to keep the call free of

@@ -60,7 +60,9 @@ from .._common import (
 )
 from .merge_state import combine_splits
 
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+#: head dims (D and Dv) the paged kernel takes: multiples of 8 up to MAX_HEAD_DIM; tiles are the next
+#: power of two (at least 16, tl.dot's K) with the padded channels masked
+MAX_HEAD_DIM = 256
 
 # How queries map to programs (constexpr Q_MAPPING):
 _UNIFORM = 0  # q given as [B, S, ...]: request b owns rows b*S .. b*S+S-1
@@ -417,6 +419,7 @@ def _paged_attention_kernel(
     cache_seqlens_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
+    seqused_q_ptr,
     k_descale_ptr, stride_kd_b, stride_kd_h,
     v_descale_ptr, stride_vd_b, stride_vd_h,
     sinks_ptr,
@@ -448,6 +451,7 @@ def _paged_attention_kernel(
     HOIST_GATHER: tl.constexpr = False,
     SCORE_CHUNK: tl.constexpr = 0,
     INTEL_GPU: tl.constexpr = False,
+    HAS_SEQUSED_Q: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
@@ -520,6 +524,12 @@ def _paged_attention_kernel(
         q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
     if (q_tile * BLOCK_Q >= q_len) | (q_tile < 0):
         return
+    if HAS_SEQUSED_Q:
+        # FlashAttention-3's seqused_q: the request uses the first seqused_q[b] rows of its slice
+        # (its masks align to them); the slice's other rows see no key: output 0, LSE -inf
+        q_used = tl.minimum(tl.maximum(tl.load(seqused_q_ptr + b), 0), q_len)
+    else:
+        q_used = q_len
     if Q_MAPPING == 1 and NAN_ROWS_FIRST:
         _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
                             group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
@@ -576,13 +586,15 @@ def _paged_attention_kernel(
         kv_start = 0
         # never read past the page-table row: a length beyond it is clamped (validate=True reports it)
         kv_len = tl.minimum(tl.load(cache_seqlens_ptr + b), max_pages * PAGE_SIZE)
-    pos = kv_len - q_len + q_row  # absolute position of each query row
+    pos = kv_len - q_used + q_row  # absolute position of each query row
     row_lo = tl.where(window_left >= 0, pos - window_left, 0)  # first visible key (inclusive)
     row_hi = tl.where(window_right >= 0, pos + window_right, kv_len - 1)  # last visible key
     if CAUSAL:
         row_hi = tl.minimum(row_hi, pos)
-    first_pos = kv_len - q_len + q_tile * BLOCK_Q
-    last_pos = kv_len - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    if HAS_SEQUSED_Q:
+        row_hi = tl.where(q_row < q_used, row_hi, -1)  # rows past seqused_q see no key
+    first_pos = kv_len - q_used + q_tile * BLOCK_Q
+    last_pos = kv_len - q_used + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_used) - 1
     lo = tl.where(window_left >= 0, tl.maximum(first_pos - window_left, 0), 0)
     hi = tl.where(window_right >= 0, tl.minimum(kv_len, last_pos + window_right + 1), kv_len)
     if CAUSAL:
@@ -592,6 +604,8 @@ def _paged_attention_kernel(
     # NaN, which a masked score does not stop (0 * NaN in P @ V)
     first_key = lo
     lo = (lo // BLOCK_N) * BLOCK_N
+    if HAS_SEQUSED_Q:
+        hi = tl.where(q_tile * BLOCK_Q < q_used, hi, lo)  # a tile of unused rows reads no key
     hi = tl.maximum(hi, lo)
 
     if SPLIT_KV:
@@ -628,6 +642,9 @@ def _paged_attention_kernel(
     safe_hi = tl.where(window_right >= 0, tl.minimum(first_pos + window_right + 1, end), end)
     if CAUSAL:
         safe_hi = tl.minimum(safe_hi, first_pos + 1)
+    if HAS_SEQUSED_Q:
+        # a tile holding rows past seqused_q (stored, seeing no key) masks every key tile
+        safe_hi = tl.where((q_tile * BLOCK_Q + BLOCK_Q <= q_used) | (q_used == q_len), safe_hi, 0)
     mid_lo = start + tl.cdiv(tl.maximum(safe_lo - start, 0), BLOCK_N) * BLOCK_N
     mid_hi = mid_lo + (tl.maximum(safe_hi - mid_lo, 0) // BLOCK_N) * BLOCK_N
     if KV_LOAD == 1:
@@ -729,7 +746,7 @@ def _register_compile_variants():
         v_cache_ptr="*bf16", stride_v_page="i64", stride_v_tok="i32", stride_v_head="i32",
         page_table_ptr="*i32", stride_pt_b="i32", max_pages="i32", pool_size="i32", cache_seqlens_ptr="*i32",
         cu_seqlens_q_ptr="*i32",
-        cu_seqlens_k_ptr="*i32",
+        cu_seqlens_k_ptr="*i32", seqused_q_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
         sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
@@ -745,6 +762,7 @@ def _register_compile_variants():
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
+        HAS_SEQUSED_Q=False,
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -779,6 +797,18 @@ def _register_compile_variants():
          "BLOCK_N": 32, "BLOCK_D": 256, "BLOCK_DV": 256, "HAS_K_DESCALE": True, "HAS_V_DESCALE": True, "KV_LOAD": 2,
          "SCORE_CHUNK": 128},
         dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "V"), **xpu,
+    )
+    # head dims that are not powers of two (masked channels of a 128- / 64-wide tile) and pages of
+    # 512-2048 tokens (issue 31): a block pointer spans one key tile, never a whole page
+    register_xpu_compile(
+        _paged_attention_kernel, "decode,bf16,D72,g4,P2048,split",
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 32, "PAGE_SIZE": 2048, "KV_LOAD": 2},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
+    register_xpu_compile(
+        _paged_attention_kernel, "prefill,bf16,D40,Dv24,g2,P512,causal",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 2, "BLOCK_N": 32, "BLOCK_D": 64,
+         "BLOCK_DV": 32, "PAGE_SIZE": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
@@ -932,7 +962,7 @@ def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: di
     descriptors = []
     for cache in (k, v):
         num_kv_heads, dim = cache.shape[-2:]
-        if dim != next_power_of_2(dim):
+        if dim != next_power_of_2(dim) or dim < 16:  # the block is the whole head, at least tl.dot's K
             return None
         row_width = (num_kv_heads - 1) * cache.stride(-2) + dim
         found = paged_rows_descriptors(cache, page_size, row_width, [(rows, dim)], device)
@@ -1007,7 +1037,13 @@ def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uni
 
 
 def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.Tensor | None:
-    """A descale as a float32 tensor addressed with (b, kv_head) strides: scalar -> strides 0."""
+    """A descale as a float32 tensor addressed with (b, kv_head) strides (0 along a broadcast dim).
+
+    Accepted, as vLLM and sgl-kernel pass them: a Python number or one-element tensor (every
+    sequence and head); ``[B]`` (per sequence); ``[B, H_kv]``; and in two dims any size-1 dim or a
+    dim of stride 0 (a single value expanded, e.g. ``k_scale.expand(num_seqs, H)`` with H not the
+    KV head count: Intel's kernel reads its first element). Anything else is ambiguous and raises,
+    naming the argument."""
     if scale is None:
         return None
     if not isinstance(scale, torch.Tensor):
@@ -1019,9 +1055,23 @@ def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.
         raise ValueError(f"{name} is on {scale.device} but q is on {device}")
     if scale.numel() == 1:
         return scale.reshape(1, 1).to(torch.float32).expand(batch, num_kv_heads)
-    if tuple(scale.shape) != (batch, num_kv_heads):
-        raise ValueError(f"{name} must be a scalar or have shape [{batch}, {num_kv_heads}], got {list(scale.shape)}")
-    return scale.to(torch.float32)
+    if scale.ndim == 1 and scale.shape[0] == batch:
+        scale = scale[:, None]
+    if scale.ndim == 2:
+        picked = scale
+        for dim, size in ((0, batch), (1, num_kv_heads)):
+            if scale.shape[dim] == size:
+                continue
+            if scale.shape[dim] == 1 or scale.stride(dim) == 0:  # one value along this dim
+                picked = picked.narrow(dim, 0, 1)
+            else:
+                picked = None
+                break
+        if picked is not None:
+            return picked.to(torch.float32).expand(batch, num_kv_heads)
+    raise ValueError(f"{name} must be a scalar, [{batch}] (per sequence), or [{batch}, {num_kv_heads}] with any "
+                     f"dim of size 1 or stride 0 (one value expanded), got {list(scale.shape)} with strides "
+                     f"{list(scale.stride())}: ambiguous")
 
 
 def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int, head_dim_v: int) -> None:
@@ -1029,8 +1079,8 @@ def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int,
     if q.shape[-1] != head_dim:
         raise ValueError(f"q's head dim ({q.shape[-1]}) must equal {k_name}'s ({head_dim})")
     for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+        if dim % 8 or not 8 <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"{name} must be a multiple of 8 from 8 to {MAX_HEAD_DIM}, got {dim}")
     if q.shape[-2] % num_kv_heads != 0:
         raise ValueError(f"the query heads ({q.shape[-2]}) must be a multiple of the KV heads ({num_kv_heads})")
 
@@ -1087,7 +1137,7 @@ def flash_attn_with_kvcache(
         fp8 (``float8_e4m3fn``/``float8_e5m2``, then with ``k_descale``/``v_descale``). Any strides
         with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
         or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
-        power of two from 1 to 256. Offsets are 64-bit: caches beyond 2^31 elements work.
+        power of two from 1 to 2048. Offsets are 64-bit: caches beyond 2^31 elements work.
     k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, q_descale
         Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` naming
         the argument (these features would change the result and are not implemented; they are
@@ -1109,8 +1159,9 @@ def flash_attn_with_kvcache(
         Accepted and ignored: they only qualify ``rotary_cos``/``rotary_sin``, which must be
         ``None`` (sglang's XPU backend passes ``rotary_seqlens`` on every call).
     k_descale, v_descale : float or torch.Tensor, optional
-        Dequantisation factors of an fp8 cache: a scalar or ``[B, H_kv]``. The K factor folds into
-        the softmax scale; the V factor multiplies the output.
+        Dequantisation factors of an fp8 cache: a scalar, ``[B]`` or ``[B, H_kv]`` (a dim of size 1
+        or stride 0 broadcasts: vLLM's ``scale.expand(num_seqs, H)``). The K factor folds into the
+        softmax scale; the V factor multiplies the output.
     softmax_scale : float, optional
         Scale of ``q . k``; default ``D ** -0.5``.
     sinks : torch.Tensor, optional
@@ -1224,7 +1275,7 @@ def flash_attn_with_kvcache(
 
 def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv_len, mapping, cu_seqlens_q,
             uniform_q_len, max_q, softmax_scale, sinks, causal, window_size, softcap, k_descale, v_descale,
-            num_splits, return_softmax_lse, out):
+            num_splits, return_softmax_lse, out, seqused_q=None):
     """The attention both public functions run once their layout arguments are checked.
 
     ``q`` is ragged 3-D. ``k``/``v`` are a paged cache ``[pages, P, H_kv, D]`` read through
@@ -1345,6 +1396,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
             kv_lens,
             cu_seqlens_q if cu_seqlens_q is not None else kv_lens,
             cu_seqlens_k if cu_seqlens_k is not None else kv_lens,
+            seqused_q if seqused_q is not None else kv_lens,
             *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
             *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
             sinks if sinks is not None else q,
@@ -1365,8 +1417,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         BLOCK_Q=block_q,
         HEADS_PER_BLOCK=heads_per_block,
         BLOCK_N=config["BLOCK_N"],
-        BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_DV=next_power_of_2(head_dim_v),
+        BLOCK_D=max(16, next_power_of_2(head_dim)),  # tl.dot's K is at least 16
+        BLOCK_DV=max(16, next_power_of_2(head_dim_v)),
         PAGE_SIZE=page_size,
         CAUSAL=bool(causal),
         HAS_SOFTCAP=softcap > 0,
@@ -1379,6 +1431,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         HOIST_GATHER=not decode_like,
         SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
         INTEL_GPU=_device.backend() == "xpu",  # code-generation choices for Intel's compiler (the kernel says which)
+        HAS_SEQUSED_Q=seqused_q is not None,
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:

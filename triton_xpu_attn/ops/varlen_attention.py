@@ -24,12 +24,11 @@ from .paged_attention import _PER_REQUEST, _SEARCH, _check_heads, _launch
 _UNSUPPORTED = {
     "qv": "qv (absorbed-MLA extend) is not supported: concatenate it into q/k beforehand",
     "q_descale": "q_descale is not supported: pass q in fp16/bf16/fp32",
-    "seqused_q": "seqused_q is not supported: pass cu_seqlens_q of the queries in use (padding rows past "
-                 "cu_seqlens_q[-1] get 0 and LSE -inf)",
 }
 
 
-def _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int, max_q: int | None) -> None:
+def _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int, max_q: int | None,
+              seqused_q=None) -> None:
     """validate=True: the checks that need the lengths on the host."""
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q), ("cu_seqlens_k", cu_seqlens_k, total_k)):
         c = cu.long().cpu()
@@ -37,14 +36,16 @@ def _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int,
             raise ValueError(f"{name} must be non-decreasing from >= 0 up to at most {total} (the rows of "
                              f"{'q' if name == 'cu_seqlens_q' else 'k'}), got {c.tolist()}")
     validate_query_offsets(cu_seqlens_q.long().cpu(), max_q)
-    if seqused_k is not None:
-        slices = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long().cpu()
-        used = seqused_k.long().cpu()
+    for name, seqused, cu in (("seqused_q", seqused_q, cu_seqlens_q), ("seqused_k", seqused_k, cu_seqlens_k)):
+        if seqused is None:
+            continue
+        slices = (cu[1:] - cu[:-1]).long().cpu()
+        used = seqused.long().cpu()
         bad = (used < 0) | (used > slices)
         if bad.any():
             b = int(bad.nonzero()[0])
-            raise ValueError(f"seqused_k[{b}] = {int(used[b])} lies outside [0, {int(slices[b])}] (request {b}'s "
-                             f"slice of cu_seqlens_k)")
+            raise ValueError(f"{name}[{b}] = {int(used[b])} lies outside [0, {int(slices[b])}] (request {b}'s "
+                             f"slice of {'cu_seqlens_q' if name == 'seqused_q' else 'cu_seqlens_k'})")
 
 
 def flash_attn_varlen_func(
@@ -103,8 +104,11 @@ def flash_attn_varlen_func(
     max_seqlen_k : int or None
         Longest key length: a hint for the split count only (any value gives correct results);
         None or 0 means ``total_k``.
-    seqused_q : None
-        Not supported (``ValueError``): pass ``cu_seqlens_q`` of the queries in use.
+    seqused_q : torch.Tensor, optional
+        ``[B]`` int32: request ``b`` uses only the first ``seqused_q[b]`` rows of its slice of
+        ``q`` (FlashAttention-3 semantics: the causal and window alignment use ``seqused_q[b]`` as
+        the query length); the slice's other rows give 0 and LSE ``-inf``. A value outside
+        ``[0, slice]`` is clamped to it (``validate=True`` reports it).
     seqused_k : torch.Tensor, optional
         ``[B]`` int32: request ``b`` uses only the first ``seqused_k[b]`` keys of its slice
         (FlashAttention semantics: the slice starts at ``cu_seqlens_k[b]``, the causal alignment
@@ -146,7 +150,7 @@ def flash_attn_varlen_func(
         ``lse [Hq, total_q]`` fp32 (as ``flash_attn_with_kvcache``; callers unpacking
         ``out, lse, *rest`` work unchanged). Rows that see no key give 0 and LSE ``-inf``.
     """
-    for name, value in (("qv", qv), ("q_descale", q_descale), ("seqused_q", seqused_q)):
+    for name, value in (("qv", qv), ("q_descale", q_descale)):
         if value is not None:
             raise ValueError(f"{name}: {_UNSUPPORTED[name]}")
 
@@ -164,16 +168,18 @@ def flash_attn_varlen_func(
         raise ValueError("cu_seqlens_q must have B + 1 >= 1 entries, got an empty tensor")
     batch = cu_seqlens_q.shape[0] - 1
     check_tensor("cu_seqlens_k", cu_seqlens_k, dtypes=(torch.int32,), shape=(batch + 1,))
-    if seqused_k is not None:
-        check_tensor("seqused_k", seqused_k, dtypes=(torch.int32,), shape=(batch,))
+    for name, seqused in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if seqused is not None:
+            check_tensor(name, seqused, dtypes=(torch.int32,), shape=(batch,))
     max_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0, allow_none=True) or None  # 0: not given
     max_k = check_int(max_seqlen_k, "max_seqlen_k", minimum=0, allow_none=True) or None
     device = check_same_device(
-        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, sinks=sinks, out=out,
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
+        sinks=sinks, out=out,
     )
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if check_bool(validate, "validate"):
-        _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, q.shape[0], total_k, max_q)
+        _validate(cu_seqlens_q, cu_seqlens_k, seqused_k, q.shape[0], total_k, max_q, seqused_q)
     # keys per request: seqused_k, else cu_seqlens_k[1:] - a view, no launch: the kernel takes
     # min(this, the slice length), and cu_seqlens_k[b + 1] >= the slice length of request b
     kv_lens = seqused_k.contiguous() if seqused_k is not None else cu_seqlens_k[1:]
@@ -184,4 +190,5 @@ def flash_attn_varlen_func(
         max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal, window_size=window_size,
         softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
         return_softmax_lse=return_softmax_lse, out=out,
+        seqused_q=seqused_q.contiguous() if seqused_q is not None else None,
     )

@@ -5,7 +5,8 @@ signatures), served by triton_xpu_attn. Made importable as ``sgl_kernel`` by
 Names (sglang 0.5.23, ``sglang/srt/layers/attention/xpu_backend.py`` and its import chain):
 ``flash_mla_decode``, ``flash_mla_decode_get_workspace_size`` (old name
 ``flash_mla_get_workspace_size`` kept), ``flash_mla_prefill``,
-``flash_mla_prefill_get_workspace_size``, ``merge_state_v2``, ``store_cache_xpu`` (imported by
+``flash_mla_prefill_get_workspace_size``, ``merge_state`` (v1: base-2 LSEs) and ``merge_state_v2``,
+``store_cache_xpu`` (imported by
 ``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
 (``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
 """
@@ -19,6 +20,7 @@ from triton_xpu_attn import (
     flash_mla_get_workspace_size,
     flash_mla_prefill,
     flash_mla_prefill_get_workspace_size,
+    merge_state,
     merge_state_v2,
 )
 
@@ -81,6 +83,7 @@ __all__ = [
     "flash_mla_get_workspace_size",
     "flash_mla_prefill",
     "flash_mla_prefill_get_workspace_size",
+    "merge_state",
     "merge_state_v2",
     "store_cache_xpu",
 ]
