@@ -170,7 +170,7 @@ def test_translate_loc_hand_example():
     "kwargs, error, match",
     [
         (dict(page_size=3), ValueError, "page_size"),
-        (dict(page_size=512), ValueError, "page_size"),
+        (dict(page_size=4096), ValueError, "page_size"),
         (dict(page_size=4.0), TypeError, "page_size"),
         (dict(req_to_token=torch.zeros(2, 8)), TypeError, "req_to_token"),
         (dict(req_to_token=torch.zeros(8, dtype=torch.int32)), ValueError, "req_to_token"),

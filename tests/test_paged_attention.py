@@ -381,19 +381,21 @@ def test_descale_shapes_engines_pass(shape):
     q = torch.randn(batch, 1, hq, 64, generator=gen).half()
     table = torch.tensor([[1, 3], [2, 4]], dtype=torch.int32)
     seqlens = torch.tensor([30, 17], dtype=torch.int32)
-    per_seq = torch.tensor([0.25, 0.5])
+    # expanded on the device, as vLLM does (.to(device) of an expanded CPU tensor would copy it dense)
+    per_seq = torch.tensor([0.25, 0.5], device=DEVICE)
+    per_head = torch.tensor([[0.3, 0.6]], device=DEVICE)
     given, full = {
         "per sequence [B]": (per_seq, per_seq[:, None].expand(batch, hkv)),
         "[B, 1]": (per_seq[:, None], per_seq[:, None].expand(batch, hkv)),
-        "[1, H_kv]": (torch.tensor([[0.3, 0.6]]), torch.tensor([[0.3, 0.6]]).expand(batch, hkv)),
+        "[1, H_kv]": (per_head, per_head.expand(batch, hkv)),
         "expanded to 3 heads": (per_seq[:, None].expand(batch, 3), per_seq[:, None].expand(batch, hkv)),
-        "expanded [1] to [B, 5]": (torch.tensor([0.4]).expand(batch, 5), torch.full((batch, hkv), 0.4)),
+        "expanded [1] to [B, 5]": (torch.tensor([0.4], device=DEVICE).expand(batch, 5),
+                                   torch.full((batch, hkv), 0.4, device=DEVICE)),
     }[shape]
     call = dict(cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE))
-    got = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=given.to(DEVICE),
-                                  v_descale=given.to(DEVICE), **call)
-    want = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=full.contiguous().to(DEVICE),
-                                   v_descale=full.contiguous().to(DEVICE), **call)
+    got = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=given, v_descale=given, **call)
+    want = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=full.contiguous(),
+                                   v_descale=full.contiguous(), **call)
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match=r"k_descale must be a scalar.*got \[2, 3\].*ambiguous"):
         flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=torch.ones(2, 3, device=DEVICE), **call)
@@ -442,8 +444,8 @@ def _valid_args():
         (dict(k_cache=torch.zeros(3, 12, 2, 64), v_cache=torch.zeros(3, 12, 2, 64)), ValueError, "page_size"),
         (dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)), ValueError, "cu_seqlens_q"),
         (dict(cu_seqlens_q=None), ValueError, "cu_seqlens_q"),
-        (dict(q=torch.zeros(2, 4, 48), k_cache=torch.zeros(3, 16, 2, 48), v_cache=torch.zeros(3, 16, 2, 48)), ValueError, "head dim"),
-        (dict(q=torch.zeros(2, 4, 32)), ValueError, "head dim"),
+        (dict(q=torch.zeros(2, 4, 44), k_cache=torch.zeros(3, 16, 2, 44), v_cache=torch.zeros(3, 16, 2, 44)), ValueError, "head dim"),
+        (dict(q=torch.zeros(2, 4, 36)), ValueError, "head dim"),
         (dict(v_cache=torch.zeros(3, 8, 2, 64)), ValueError, "v_cache must have shape"),
         (dict(cache_seqlens=torch.ones(3, dtype=torch.int32)), ValueError, "cache_seqlens"),
         (dict(page_table=torch.ones(2, 1, dtype=torch.int32, device="meta")), ValueError, "on one device"),

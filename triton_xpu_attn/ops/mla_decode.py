@@ -109,7 +109,9 @@ def flash_mla_get_workspace_size(
     max_seq_len : int
         Upper bound of the KV length of any request (sglang passes ``max_context_len``). For the
         automatic split count, ``flash_mla_decode`` uses ``page_table.shape[1] * page_size`` as the
-        bound; a table no wider than ``cdiv(max_seq_len, page_size)`` pages gives the same count.
+        bound; a table no wider than ``cdiv(max_seq_len, page_size)`` pages gives the same count
+        when ``page_size`` is given (with 0, pages of more than 256 tokens may need more: the
+        decode then raises naming both sizes).
     num_batches : int
         Number of requests ``B``.
     num_heads : int
@@ -149,7 +151,10 @@ def flash_mla_get_workspace_size(
     if num_heads == 0:
         raise ValueError("num_heads must be given (> 0) unless num_kv_splits == 1")
     if num_kv_splits <= 0:
-        splits = _auto_splits(num_batches, q_len * num_heads, max_seq_len, _device.compute_units(device))
+        # the decode bounds the length by whole pages (table width x page_size): round up alike
+        # (pages of 512-2048 tokens exceed the 256-token length quantum of the split count)
+        bound = cdiv(max_seq_len, page_size) * page_size if page_size else max_seq_len
+        splits = _auto_splits(num_batches, q_len * num_heads, bound, _device.compute_units(device))
     else:
         splits = num_kv_splits
     return _workspace_layout(num_batches * q_len, num_heads, splits, head_dim_v)[2]
