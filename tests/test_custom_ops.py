@@ -39,6 +39,7 @@ def test_every_public_tensor_op_has_a_custom_op():
             "flash_attn_with_kvcache_out": {"out"},
             "flash_mla_decode": {"workspace"},
             "merge_state_v2_out": {"v_merged", "s_merged"},
+            "merge_state_out": {"v_merged", "s_merged"},
             "normalize_page_table_out": {"out"},
             "make_local_attention_virtual_batches_out": {
                 "seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local"},
@@ -106,6 +107,10 @@ def _empty_batch_calls():
         "merge_state_v2": (C.merge_state_v2, (torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE),
                            torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE)), {}),
         "merge_state_v2_out": (C.merge_state_v2_out, tuple(
+            torch.zeros(0, 2, *((8,) if i % 2 == 0 else ()), device=DEVICE) for i in range(6)), {}),
+        "merge_state": (C.merge_state, (torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE),
+                        torch.zeros(0, 2, 8, dtype=f, device=DEVICE), torch.zeros(0, 2, device=DEVICE)), {}),
+        "merge_state_out": (C.merge_state_out, tuple(
             torch.zeros(0, 2, *((8,) if i % 2 == 0 else ()), device=DEVICE) for i in range(6)), {}),
         "normalize_page_table": (C.normalize_page_table, (r2t, torch.zeros(0, dtype=torch.int64, device=DEVICE), z32, 4, 3), {}),
         "normalize_page_table_out": (C.normalize_page_table_out, (r2t, torch.zeros(0, dtype=torch.int64, device=DEVICE), z32, 4,

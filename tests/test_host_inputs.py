@@ -223,6 +223,8 @@ CPU_CALLS = {
         _i32([[0, 1], [2, 3]]), None, 0.1)),
     "merge_state_v2": ("v_a", lambda: tx.merge_state_v2(
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
+    "merge_state": ("v_a", lambda: tx.merge_state(
+        torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "normalize_page_table": ("req_to_token", lambda: tx.normalize_page_table(
         torch.zeros(2, 8, dtype=torch.int32), torch.tensor([0, 1]), _i32([4, 8]), 4)),
     "translate_loc_from_full_to_swa": ("full_to_swa", lambda: tx.translate_loc_from_full_to_swa(

@@ -30,8 +30,8 @@ custom op                              wraps / differences from the public funct
                                        tensor or None; no ``validate``; always returns
                                        ``(out, lse)`` (``lse`` of shape ``[0]`` unless
                                        ``return_lse``)
-``merge_state_v2``                     returns ``(v_merged, s_merged)``
-``merge_state_v2_out``                 writes ``v_merged``, ``s_merged`` in place
+``merge_state_v2``, ``merge_state``   return ``(v_merged, s_merged)``
+``merge_state_v2_out``, ``merge_state_out``  write ``v_merged``, ``s_merged`` in place
 ``normalize_page_table``               ``max_pages`` required (the output width must not depend on
                                        the values of ``seq_lens``)
 ``normalize_page_table_out``           writes ``out`` in place
@@ -80,6 +80,8 @@ __all__ = [
     "flash_mla_prefill",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
+    "merge_state",
+    "merge_state_out",
     "merge_state_v2",
     "merge_state_v2_out",
     "normalize_page_table",
@@ -327,31 +329,37 @@ def _(q_nope, q_pe, kv_c_and_k_pe_cache, cu_seqlens_q, seq_lens_k, max_seqlen_q,
 
 
 # ------------------------------------------------------------------------------------------
-# merge_state_v2
+# merge_state_v2 (natural-log LSEs) and merge_state (v1, base-2 LSEs): one definition for both
 # ------------------------------------------------------------------------------------------
 
 
-@_op("merge_state_v2")
-def merge_state_v2(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`triton_xpu_attn.merge_state_v2` as a custom op: ``(v_merged, s_merged)``."""
-    return _merge.merge_state_v2(v_a, s_a, v_b, s_b)
+def _merge_ops(name: str, merge):
+    """``(name, name_out)`` custom ops of a state merge: ``(v_merged, s_merged)``, and in place."""
+
+    @_op(name)
+    def merged(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor) -> tuple[Tensor, Tensor]:
+        return merge(v_a, s_a, v_b, s_b)
+
+    @merged.register_fake
+    def _(v_a, s_a, v_b, s_b):
+        # the real op allocates with torch.empty_like(v_a) (v_a's strides when dense): same here
+        return torch.empty_like(v_a), v_a.new_empty((v_a.shape[0], v_a.shape[1]), dtype=torch.float32)
+
+    @_op(f"{name}_out", mutates_args=("v_merged", "s_merged"))
+    def merged_out(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, v_merged: Tensor, s_merged: Tensor) -> None:
+        merge(v_a, s_a, v_b, s_b, v_merged, s_merged)
+
+    @merged_out.register_fake
+    def _(v_a, s_a, v_b, s_b, v_merged, s_merged):
+        return None
+
+    merged.__doc__ = f":func:`triton_xpu_attn.{name}` as a custom op: ``(v_merged, s_merged)``."
+    merged_out.__doc__ = f":func:`triton_xpu_attn.{name}` writing ``v_merged`` and ``s_merged`` in place."
+    return merged, merged_out
 
 
-@merge_state_v2.register_fake
-def _(v_a, s_a, v_b, s_b):
-    # the real op allocates with torch.empty_like(v_a) (v_a's strides when dense): same here
-    return torch.empty_like(v_a), v_a.new_empty((v_a.shape[0], v_a.shape[1]), dtype=torch.float32)
-
-
-@_op("merge_state_v2_out", mutates_args=("v_merged", "s_merged"))
-def merge_state_v2_out(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, v_merged: Tensor, s_merged: Tensor) -> None:
-    """:func:`triton_xpu_attn.merge_state_v2` writing ``v_merged`` and ``s_merged`` in place."""
-    _merge.merge_state_v2(v_a, s_a, v_b, s_b, v_merged, s_merged)
-
-
-@merge_state_v2_out.register_fake
-def _(v_a, s_a, v_b, s_b, v_merged, s_merged):
-    return None
+merge_state_v2, merge_state_v2_out = _merge_ops("merge_state_v2", _merge.merge_state_v2)
+merge_state, merge_state_out = _merge_ops("merge_state", _merge.merge_state)
 
 
 # ------------------------------------------------------------------------------------------
