@@ -86,19 +86,12 @@ def check_varlen_attention(dev, dtype, gen):
     return _max_rel(out, expected), ms
 
 
-def check_merge_state(dev, dtype, gen):
+def check_merge_state(dev, dtype, gen, name="merge_state_v2"):
+    """``merge_state_v2`` (natural-log LSEs) or, with ``name="merge_state"``, v1 (base 2)."""
     v_a, v_b = (torch.randn(6, 4, 128, generator=gen).to(dtype) for _ in range(2))
     s_a, s_b = (torch.randn(6, 4, generator=gen) for _ in range(2))
-    (v, s), ms = _timed(lambda: tx.merge_state_v2(v_a.to(dev), s_a.to(dev), v_b.to(dev), s_b.to(dev)))
-    v_ref, s_ref = ref.merge_state_v2(v_a, s_a, v_b, s_b)
-    return max(_max_rel(v, v_ref), _max_rel(s, s_ref)), ms
-
-
-def check_merge_state_base2(dev, dtype, gen):
-    v_a, v_b = (torch.randn(6, 4, 128, generator=gen).to(dtype) for _ in range(2))
-    s_a, s_b = (torch.randn(6, 4, generator=gen) for _ in range(2))
-    (v, s), ms = _timed(lambda: tx.merge_state(v_a.to(dev), s_a.to(dev), v_b.to(dev), s_b.to(dev)))
-    v_ref, s_ref = ref.merge_state(v_a, s_a, v_b, s_b)
+    (v, s), ms = _timed(lambda: getattr(tx, name)(v_a.to(dev), s_a.to(dev), v_b.to(dev), s_b.to(dev)))
+    v_ref, s_ref = getattr(ref, name)(v_a, s_a, v_b, s_b)
     return max(_max_rel(v, v_ref), _max_rel(s, s_ref)), ms
 
 
@@ -185,7 +178,7 @@ CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
     ("flash_attn_varlen_func", "paged_attention", check_varlen_attention, True),
     ("merge_state_v2", None, check_merge_state, True),
-    ("merge_state", None, check_merge_state_base2, True),
+    ("merge_state", None, lambda dev, dtype, gen: check_merge_state(dev, dtype, gen, "merge_state"), True),
     ("normalize_page_table", None, check_normalize_page_table, False),
     ("translate_loc_from_full_to_swa", None, check_translate_loc, False),
     ("make_local_attention_virtual_batches", None, check_local_attention, False),
