@@ -73,10 +73,10 @@ def invisible_slots(num_pages, page_size, page_table, q_lens, kv_lens, causal=Fa
 
 
 #: the engines' usual (D, Dv) pairs
-COMMON_HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]
+COMMON_HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256), (512, 512)]
 
 
-def head_dim_pairs(max_dim: int = 256):
+def head_dim_pairs(max_dim: int = 512):
     """(D, Dv): the usual pairs, or any multiples of 8 up to ``max_dim`` (equal or not; issue 31)."""
     from hypothesis import strategies as st
 

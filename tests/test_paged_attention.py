@@ -401,6 +401,29 @@ def test_descale_shapes_engines_pass(shape):
         flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_descale=torch.ones(2, 3, device=DEVICE), **call)
 
 
+@pytest.mark.parametrize("q_len", [1, 4, 37])
+def test_head_dim_512(q_len):
+    """Gemma 4's global layers (D = Dv = 512, 8 query heads a KV head): decode, a draft and a
+    chunk of prefill over 16-token pages with a window, against the float64 reference (the
+    heuristic's 16-key whole-head tiles; issue 31)."""
+    gen = torch.Generator().manual_seed(11)
+    batch, hkv, hq, page = 2, 1, 8, 16
+    lens = [53, 40]
+    k = torch.randn(9, page, hkv, 512, generator=gen)
+    v = torch.randn(9, page, hkv, 512, generator=gen)
+    table = torch.tensor([[3, 1, 5, 7], [2, 8, 4, 0]], dtype=torch.int32)
+    cu = torch.tensor([0, q_len, 2 * q_len], dtype=torch.int32)
+    q = torch.randn(2 * q_len, hq, 512, generator=gen)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    out = poison(torch.empty(2 * q_len, hq, 512, device=DEVICE))
+    got, lse = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE),
+                                       page_table=table.to(DEVICE), cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=q_len,
+                                       causal=True, window_size=(30, 0), return_softmax_lse=True, out=out)
+    out_ref, lse_ref = ref.paged_attention(q, k, v, seqlens, table, cu, causal=True, window_size=(30, 0))
+    assert_close(got, out_ref, torch.float32)
+    check_lse(lse, lse_ref, torch.float32)
+
+
 def test_large_gqa_group_uses_several_head_blocks():
     # 128 query heads on one KV head: more heads than one tile holds
     gen = torch.Generator().manual_seed(6)
@@ -446,6 +469,8 @@ def _valid_args():
         (dict(cu_seqlens_q=None), ValueError, "cu_seqlens_q"),
         (dict(q=torch.zeros(2, 4, 44), k_cache=torch.zeros(3, 16, 2, 44), v_cache=torch.zeros(3, 16, 2, 44)), ValueError, "head dim"),
         (dict(q=torch.zeros(2, 4, 36)), ValueError, "head dim"),
+        (dict(q=torch.zeros(2, 4, 520), k_cache=torch.zeros(3, 16, 2, 520), v_cache=torch.zeros(3, 16, 2, 520)),
+         ValueError, "multiple of 8 from 8 to 512"),
         (dict(v_cache=torch.zeros(3, 8, 2, 64)), ValueError, "v_cache must have shape"),
         (dict(cache_seqlens=torch.ones(3, dtype=torch.int32)), ValueError, "cache_seqlens"),
         (dict(page_table=torch.ones(2, 1, dtype=torch.int32, device="meta")), ValueError, "on one device"),

@@ -62,7 +62,7 @@ from .merge_state import combine_splits
 
 #: head dims (D and Dv) the paged kernel takes: multiples of 8 up to MAX_HEAD_DIM; tiles are the next
 #: power of two (at least 16, tl.dot's K) with the padded channels masked
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512
 
 # How queries map to programs (constexpr Q_MAPPING):
 _UNIFORM = 0  # q given as [B, S, ...]: request b owns rows b*S .. b*S+S-1
@@ -810,6 +810,17 @@ def _register_compile_variants():
          "BLOCK_DV": 32, "PAGE_SIZE": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
+    # D = 512 (Gemma 4's global layers): 16-key whole-head tiles, q / out in 2D
+    register_xpu_compile(
+        _paged_attention_kernel, "decode,bf16,D512,g8,P64,split",
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 512, "KV_LOAD": 2},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
+    register_xpu_compile(
+        _paged_attention_kernel, "prefill,bf16,D512,g2,P64,causal",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 512,
+         "BLOCK_DV": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "K", "V"), **xpu,
+    )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
         _paged_attention_kernel, "varlen,bf16,D128,g4,causal",
@@ -893,7 +904,7 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
 
 
 def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None,
-                      fp8_kv: bool = False) -> dict:
+                      fp8_kv: bool = False, head_dim_v: int | None = None) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
     batch wants long tiles over many splits, a full one shorter tiles; prefill on the H100,
     bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_tiles.txt and prefill_desc.txt)."""
@@ -904,6 +915,13 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         block_n = 64
     if head_dim > 128:
         block_n = min(block_n, 32)  # [BLOCK_N, D] tiles of K and V must fit the registers
+    # D > 256 (Gemma 4's 512): whole-head tiles of 16 keys. ptxas, sm_90 (no timing yet): decode
+    # 16 rows x 16 keys on 4 warps 163 registers, 0 spill, 3 programs per SM (32 keys: 184, 2);
+    # prefill 64 x 16 on 8 warps 255 registers, 0 spill, 130 KB shared (128-row or 4-warp tiles
+    # spill 4-15 KB). bench/results/NVIDIA_H100_80GB_HBM3/experiments/d512_registers.txt
+    very_wide = max(head_dim, head_dim_v or 0) > 256
+    if very_wide:
+        block_n = 16
     # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA), page
     # rows read one tile ahead, 3 stages: 1.2-1.3x over pointer loads (H100, 32/8/128 causal
     # prefill, B = 1, L = 8k: 375 -> 460-486 TF/s). D = 64 stays on pointers (descriptors 0.95x
@@ -935,8 +953,10 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         num_stages=3 if kv_desc or narrow_prefill else 2,
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
+    if very_wide:  # 16-row decode tiles (a draft's rows take several); 64 x 16 prefill tiles on 8 warps
+        tiles.update(BLOCK_M=16 if decode_like else 64, num_warps=4 if decode_like else 8, num_stages=2)
     if _device.backend() == "xpu":
-        tiles = xpu_tiles(decode_like, head_dim, page_size, fp8_kv)
+        tiles = xpu_tiles(decode_like, max(head_dim, head_dim_v or 0), page_size, fp8_kv)
     return dict(
         **tiles,
         # a split covers at least this many keys; at most max_splits splits (H200, B=1: 8/1/128
@@ -1345,13 +1365,14 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
              q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, page_size, max_q, k.dtype in FP8_DTYPES),
+        _heuristic_config(decode_like, head_dim, work, page_size, max_q, k.dtype in FP8_DTYPES, head_dim_v),
         device=device,
         fallback=fallback,
         # prefill tiles keep Q and 2-3 stages of K/V tiles in shared memory: one tuned at D = 128
         # can overflow at D = 256 (H100: the tuned 64 x 64 / 3-stage varlen tile needs 237 KB).
         # Decode keeps the nearest entry (that rule there: 0.87-1.51x, experiments/size_fields.txt)
-        no_larger=() if decode_like else ("d", "dv"),
+        # (above D = 256 decode too: a D = 256 decode tile at D = 512 may not fit at all)
+        no_larger=() if decode_like and max(head_dim, head_dim_v) <= 256 else ("d", "dv"),
     )
     heads_per_block = query_heads_per_block(group_size, max_q, config)  # the config may ask for 2D q / out
     num_head_blocks = cdiv(group_size, heads_per_block)
