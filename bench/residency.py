@@ -40,6 +40,10 @@ def record_path(device=None) -> pathlib.Path:
     return RESULTS / _device.device_key(device) / "decode_residency.json"
 
 
+#: an H100 SM's limits: registers, shared memory (bytes), programs and warps
+H100_SM = dict(regs=65536, shared=233472, programs=32, warps=64)
+
+
 def resident_programs(regs: int, shared: int, warps: int, props: dict) -> int:
     """Programs of ``warps`` warps an SM holds: registers (allocated per warp in units of 256),
     shared memory (1 KB reserved per program) and the per-SM program and warp limits."""
@@ -51,8 +55,10 @@ def resident_programs(regs: int, shared: int, warps: int, props: dict) -> int:
 def _sm_props(device) -> dict:
     """Per-SM limits (an H100's where this torch does not report one)."""
     p = torch.cuda.get_device_properties(device)
-    return dict(regs=getattr(p, "regs_per_multiprocessor", 65536), shared=getattr(p, "shared_memory_per_multiprocessor", 233472),
-                programs=getattr(p, "max_blocks_per_multi_processor", 32), warps=p.max_threads_per_multi_processor // 32)
+    return dict(regs=getattr(p, "regs_per_multiprocessor", H100_SM["regs"]),
+                shared=getattr(p, "shared_memory_per_multiprocessor", H100_SM["shared"]),
+                programs=getattr(p, "max_blocks_per_multi_processor", H100_SM["programs"]),
+                warps=p.max_threads_per_multi_processor // 32)
 
 
 def _compiled_kernels() -> dict:

@@ -6,7 +6,6 @@ import pytest
 
 from triton_xpu_attn import device as _device
 
-H100 = dict(regs=65536, shared=233472, programs=32, warps=64)
 
 
 @pytest.mark.skipif(_device.backend() != "cuda", reason="reads compiled CUDA kernels")
@@ -32,7 +31,7 @@ def test_compare_names_a_case_that_lost_a_program():
 def test_resident_programs_of_the_regressed_tile():
     """The 32/8/128 P = 16 decode tile (4 warps, 38 KB shared): 128 registers hold 4 programs an
     SM, 164 hold 3 (the regression's cause); shared memory and the warp limit bound the rest."""
-    from bench.residency import resident_programs
+    from bench.residency import H100_SM as H100, resident_programs
 
     assert resident_programs(128, 38912, 4, H100) == 4
     assert resident_programs(164, 38912, 4, H100) == 3

@@ -130,10 +130,10 @@ def _ptxas_counts(ptx: str, arch: str) -> tuple[int, int, int]:
 
 
 def _resident(regs: int, shared: int, warps: int) -> int:
-    """Programs an H100 SM holds at once: 64K registers (allocated per warp in 256s), 228 KB of
-    shared memory (1 KB reserved per program), at most 32 programs and 64 warps."""
-    per_warp = -(-regs * 32 // 256) * 256
-    return min(65536 // (per_warp * warps), 233472 // (shared + 1024), 32, 64 // warps)
+    """Programs an H100 SM holds at once (bench/residency.py's rule and limits)."""
+    from bench.residency import H100_SM, resident_programs
+
+    return resident_programs(regs, shared, warps, H100_SM)
 
 
 def _compile(fn, spec: dict, target):

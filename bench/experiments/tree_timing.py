@@ -62,6 +62,8 @@ for text in cases:
             with torch.cuda.graph(graph):
                 run()
         rows[f"{text} {name}"] = do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
+# (bench/residency.py's _compiled_kernels does this for today's package; this child runs an old
+# tree alone on the path, where the repository's bench package cannot be imported)
 kernels = []
 for mod in list(sys.modules.values()):
     if not getattr(mod, "__name__", "").startswith("triton_xpu_attn.ops"):

@@ -507,7 +507,7 @@ def _paged_attention_kernel(
             # with them ptxas gave the 32/8/128 P = 16 decode tile 164 registers instead of 128,
             # 3 programs per SM instead of 4, 1.14x slower (experiments/decode_p16_regression.txt)
             b = pid_q
-            q_tile = pid_q * 0
+            q_tile = pid_q * 0  # 0 as a tensor, like the other branch's (a runtime branch needs one type)
         else:
             b = pid_q % batch
             q_tile = tiles_per_request - 1 - pid_q // batch
@@ -1302,7 +1302,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     ``page_table`` (``cu_seqlens_k`` None), or contiguous ``[total_k, H_kv, D]`` rows read from
     ``cu_seqlens_k[b]`` on (``page_table`` None): the kernel's contiguous-K/V mode. ``kv_lens``
     ``[B]`` int32 are the keys of each request (clamped in the kernel to the table / the slice);
-    ``max_kv_len`` bounds them on the host (for the split count only).
+    ``max_kv_len`` bounds them on the host (for the split count only). ``seqused_q`` ``[B]`` int32
+    (ragged q only): the rows of each request's slice in use (``flash_attn_varlen_func``).
     """
     contiguous = page_table is None
     num_q_heads, head_dim = q.shape[1], k.shape[-1]
