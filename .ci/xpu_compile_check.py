@@ -199,10 +199,6 @@ SPILL_ALLOWANCE = [
      "(8.4-8.8 KB at 8-32 warps with one score dot). With the score dot in 128-column chunks on 32-key tiles: "
      "pvc 0 B, bmg 1.2-1.4 KB (its byte gathers; 64-column chunks and 8-32 warps the same); 16-key tiles "
      "(16-token pages: a block-pointer tile lies in one page) 4.5-4.6 KB"),
-    ("_paged_attention_kernel", lambda c, label: max(c.get("BLOCK_D", 0), c.get("BLOCK_DV", 0)) > 256, 17 * 1024,
-     "head dim 512 (Gemma 4, issue 31) in whole-head 16-key tiles: each sub-group holds the [512, 16] K^T tile and "
-     "its rows' [rows, 512] fp32 accumulator, 13-17 KB spilled at 256 GRF (decode 8 warps, prefill 16). A miss "
-     "until the V / head-dim split across programs lands (as MLA's BLOCK_DV 64: 0 B)"),
 ]
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import DEVICE, FLOAT_DTYPES, KV_LOADS, assert_close, head_dim_pairs, invisible_slots, kv_load_config, poison
-from triton_xpu_attn import flash_attn_with_kvcache
+from triton_xpu_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import device as _device
 from triton_xpu_attn import tune
@@ -420,6 +420,43 @@ def test_head_dim_512(q_len):
                                        page_table=table.to(DEVICE), cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=q_len,
                                        causal=True, window_size=(30, 0), return_softmax_lse=True, out=out)
     out_ref, lse_ref = ref.paged_attention(q, k, v, seqlens, table, cu, causal=True, window_size=(30, 0))
+    assert_close(got, out_ref, torch.float32)
+    check_lse(lse, lse_ref, torch.float32)
+
+
+@pytest.mark.parametrize("kv_load", KV_LOADS)
+@pytest.mark.parametrize("q_len,num_splits,page", [(1, 1, 16), (1, 3, 4), (3, 0, 16), (6, 1, 0)])
+def test_v_split_across_programs(kv_load, q_len, num_splits, page):
+    """A config's ``BLOCK_DV`` below the V width splits the output channels across programs (Intel
+    GPUs at Dv = 512): Dv = 40 in 16-channel slices (the last one 8 wide), with and without KV
+    splits, over pages and contiguous K/V (``page`` 0), sinks and LSE, against the float64 reference."""
+    gen = torch.Generator().manual_seed(31)
+    hkv, hq, d, dv = 2, 4, 32, 40
+    lens = [21, 9]
+    cu = torch.tensor([0, q_len, 2 * q_len], dtype=torch.int32)
+    q = torch.randn(2 * q_len, hq, d, generator=gen)
+    sinks = torch.randn(hq, generator=gen)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    if page:
+        k = torch.randn(12, page, hkv, d, generator=gen)
+        v = torch.randn(12, page, hkv, dv, generator=gen)
+        table = torch.randperm(12, generator=gen)[:12].view(2, 6).to(torch.int32)[:, : -(-max(lens) // page)]
+        out_ref, lse_ref = ref.paged_attention(q, k, v, seqlens, table, cu, causal=True, sinks=sinks)
+        call = dict(cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE), num_splits=num_splits)
+    else:
+        kc, vc = torch.randn(sum(lens), hkv, d, generator=gen), torch.randn(sum(lens), hkv, dv, generator=gen)
+        cu_k = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32)
+        out_ref, lse_ref = ref.varlen_attention(q, kc, vc, cu, cu_k, causal=True, sinks=sinks)
+    out = poison(torch.empty(2 * q_len, hq, dv, device=DEVICE))
+    with tune.override("paged_attention", dict(BLOCK_N=16, BLOCK_M=16, BLOCK_DV=16, **kv_load_config(kv_load))):
+        if page:
+            got, lse = flash_attn_with_kvcache(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cu_seqlens_q=cu.to(DEVICE),
+                                               max_seqlen_q=q_len, causal=True, sinks=sinks.to(DEVICE), out=out,
+                                               return_softmax_lse=True, **call)
+        else:
+            got, lse = flash_attn_varlen_func(q.to(DEVICE), kc.to(DEVICE), vc.to(DEVICE), cu.to(DEVICE), cu_k.to(DEVICE),
+                                              q_len, max(lens), causal=True, sinks=sinks.to(DEVICE), out=out,
+                                              return_softmax_lse=True)
     assert_close(got, out_ref, torch.float32)
     check_lse(lse, lse_ref, torch.float32)
 

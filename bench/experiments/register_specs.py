@@ -15,7 +15,8 @@ of HEAD's module matched the GPU's (registers, spills, shared memory) on all of 
 
 ``module``: ``paged_attention`` (default), ``mla`` (the MLA kernel of decode and prefill) or ``page_table``: which
 module's kernels the old copy replaces. A kernel argument the capture lacks (one added since) is
-compiled as ``i32``, a constexpr as its default, else 0 (the CUDA choice of ``INTEL_GPU``). ``SPECS_MATCH=REGEX``: only the specializations whose label matches.
+compiled as ``i32``, a constexpr as its default, else 0 (the CUDA choice of ``INTEL_GPU``). ``SPECS_MATCH=REGEX``: only the specializations whose label matches;
+``SPECS_SET='{"NAME": value}'``: constexprs forced on today's copy (what turning a knob on costs).
 """
 from __future__ import annotations
 
@@ -136,14 +137,17 @@ def _resident(regs: int, shared: int, warps: int) -> int:
     return resident_programs(regs, shared, warps, H100_SM)
 
 
-def _compile(fn, spec: dict, target):
+def _compile(fn, spec: dict, target, forced: dict | None = None):
     import triton
     from triton.compiler import ASTSource
 
     names = fn.arg_names
     signature, constexprs = {}, {}
     for name in names:
-        if name in spec["constants"]:
+        if name in (forced or {}):
+            constexprs[name] = forced[name]
+            signature[name] = "constexpr"
+        elif name in spec["constants"]:
             value = spec["constants"][name]
             if isinstance(value, dict):
                 raise ValueError(f"constant {name} = {value['repr']} is not replayable")
@@ -187,6 +191,7 @@ def compare(specs_path: str, old_path: str, module: str = "paged_attention") -> 
     specs = json.loads(gzip.decompress(raw) if specs_path.endswith(".gz") else raw)
     grown = compared = 0
     seen = set()
+    forced = json.loads(os.environ.get("SPECS_SET", "{}"))  # constexprs forced on today's copy (a knob's cost)
     for spec in specs:
         fn_name = _RENAMED.get(spec["kernel"], spec["kernel"])
         if not hasattr(today, fn_name):
@@ -203,7 +208,7 @@ def compare(specs_path: str, old_path: str, module: str = "paged_attention") -> 
         counts = []
         for mod in (old, today):
             try:
-                compiled = _compile(getattr(mod, fn_name), spec, target)
+                compiled = _compile(getattr(mod, fn_name), spec, target, forced if mod is today else None)
                 counts.append(_ptxas_counts(compiled.asm["ptx"], "sm_90a") + (compiled.metadata.shared,))
             except Exception as exc:  # noqa: BLE001
                 counts.append(f"not compiled: {type(exc).__name__}: {str(exc)[:60]}")

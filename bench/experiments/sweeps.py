@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|wide_tiles
     python bench/experiments/sweeps.py ab_paged OLD_COPY_OF_OPS_PAGED_ATTENTION.py [SECONDS]
 """
 from __future__ import annotations
@@ -267,6 +267,52 @@ def pa_tiles():
     print(f"geomean shipped/best {geomean(ratios):.3f} max {max(ratios):.3f}")
 
 
+def wide_tiles():
+    """Head dim 512 (issue 31): decode and causal-prefill configs around the heuristic's (whole-head
+    16-key tiles), forced on each cell beside the shipped choice, plus forced split counts for
+    decode; each checked against the shipped output. Decode GB/s count K + V once; prefill TF/s
+    count causal FLOPs (4 Hq D x keys seen)."""
+    cells = [(32, 8, 512, B, L, 16) for B, L in ((1, 8192), (16, 8192), (64, 8192), (64, 1024), (128, 1024))]
+    cells += [(16, 2, 512, 64, 8192, 16), (32, 8, 512, 64, 8192, 64)]
+    configs = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, waves=wv)
+               for bn, w, st, wv in [(16, 4, 2, 4), (16, 4, 2, 8), (16, 4, 3, 2), (16, 8, 2, 2), (16, 8, 2, 4),
+                                     (32, 4, 2, 2), (32, 8, 2, 2), (32, 8, 2, 4), (32, 8, 3, 4), (64, 8, 2, 4)]]
+    for Hq, Hkv, D, B, L, P in cells:
+        run = paged_case(Hq, Hkv, D, B, L, P)
+        gbs = 2 * B * L * Hkv * D * 2 / 1e3
+        expected = run().float()
+        shipped = us(run)
+        res = {str(tuple(c.values())): (t, err) for c, t, err in forced_configs("paged_attention", run, expected, configs, "  ")}
+        for n in (1, 2, 3, 4, 6, 8):
+            res[f"splits={n}"] = (us(lambda n=n: run(num_splits=n)), (run(num_splits=n).float() - expected).abs().max().item())
+        best = min(res, key=lambda c: res[c][0])
+        print(f"decode {Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best {best} "
+              f"{res[best][0]:.1f} us {gbs / res[best][0]:.0f} GB/s ({shipped / res[best][0]:.3f}x) | "
+              + " ".join(f"{c}:{t:.1f}" for c, (t, e) in res.items())
+              + f" | max|diff| {max(e for t, e in res.values()):.1e}", flush=True)
+    prefill = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+               for bm, bn, w, st in [(64, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 3), (128, 16, 8, 2), (128, 32, 8, 2),
+                                     (32, 32, 4, 2), (32, 16, 4, 2), (64, 32, 4, 1), (128, 16, 16, 2)]]
+    for B, Hq, Hkv, D, L, P in [(1, 32, 8, 512, 8192, 16), (1, 32, 8, 512, 8192, 64), (4, 32, 8, 512, 2048, 64)]:
+        k = torch.randn(B * L // P + 1, P, Hkv, D, device=DEV, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        table = (torch.randperm(B * L // P, device=DEV).view(B, -1) + 1).to(torch.int32)
+        q = torch.randn(B * L, Hq, D, device=DEV, dtype=torch.bfloat16)
+        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32) * L
+        lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+        run = lambda: ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, cu_seqlens_q=cu,  # noqa: E731
+                                                   max_seqlen_q=L, causal=True)
+        flops = 4 * Hq * D * B * L * (L + 1) / 2
+        expected = run().float()
+        shipped = us(run)
+        res = {str(tuple(c.values())): (t, err) for c, t, err in forced_configs("paged_attention", run, expected, prefill, "  ")}
+        best = min(res, key=lambda c: res[c][0])
+        print(f"prefill {Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.0f} us {flops / shipped / 1e6:.0f} TF/s | best "
+              f"(BM,BN,w,st)={best} {res[best][0]:.0f} us {flops / res[best][0] / 1e6:.0f} TF/s | "
+              + " ".join(f"{c}:{t:.0f}" for c, (t, e) in res.items()) + f" | max|diff| {max(e for t, e in res.values()):.1e}",
+              flush=True)
+
+
 @triton.jit
 def _read_kernel(x_ptr, out_ptr, n, chunk, INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
     """Reads x[0:n] once (sums it, so the loads stay): INTERLEAVED = all programs sweep the buffer
@@ -410,4 +456,5 @@ if __name__ == "__main__":
     print(_device.describe()["device"])
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
      "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling,
+     "wide_tiles": wide_tiles,
      "ab_paged": ab_paged}[sys.argv[1]](*sys.argv[2:])

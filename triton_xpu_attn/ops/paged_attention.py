@@ -195,7 +195,7 @@ def _tile(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
-    INTEL_GPU: tl.constexpr = False,
+    INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
@@ -208,7 +208,8 @@ def _tile(
     ``QO_BLOCK``, else a pointer tensor, over its first chunk), so no sub-group holds the whole
     ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128). A page id outside the
     ``pool_size`` pages of the cache is never followed (``validate=False`` trusts the table): the
-    pool's last page is read in its place (``clamp_page``)."""
+    pool's last page is read in its place (``clamp_page``). ``PAGE_IDS_GIVEN``: pages shorter than
+    the tile, per-key gathers: ``page_ids`` holds the tile's page ids, read a tile ahead by the caller."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -257,7 +258,10 @@ def _tile(
             k_rows = page * stride_k_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_k_tok
             v_rows = page * stride_v_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_v_tok
         else:
-            page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0)
+            if PAGE_IDS_GIVEN:
+                page = page_ids
+            else:
+                page = tl.load(pt_row + key // PAGE_SIZE, mask=key_valid, other=0)
             if INTEL_GPU:  # clamped at 64 bits: at 32, IGC spilled 704 B a thread (B580, P = 1 prefill)
                 page = page.to(tl.int64)
             page = clamp_page(page, pool_size).to(tl.int64)
@@ -452,6 +456,8 @@ def _paged_attention_kernel(
     SCORE_CHUNK: tl.constexpr = 0,
     INTEL_GPU: tl.constexpr = False,
     HAS_SEQUSED_Q: tl.constexpr = False,
+    PREFETCH_PAGES: tl.constexpr = False,
+    NUM_DV: tl.constexpr = 1,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
@@ -466,8 +472,20 @@ def _paged_attention_kernel(
     LN2: tl.constexpr = 0.6931471805599453
 
     pid_q = tl.program_id(0)
-    kv_head = tl.program_id(1) // num_head_blocks
-    head_block = tl.program_id(1) % num_head_blocks
+    heads_pid = tl.program_id(1)
+    if NUM_DV > 1:
+        # the output channels split across NUM_DV programs of BLOCK_DV each (Intel GPUs at Dv > 256:
+        # the whole [rows, Dv] accumulator beside the V tile spills): every program computes the
+        # same scores (so the same LSE, to the bit) and its slice of P @ V. From here on V, out
+        # and the split partials start at the slice, head_dim_v is what is left of the row
+        dv_start = (heads_pid % NUM_DV) * BLOCK_DV
+        heads_pid = heads_pid // NUM_DV
+        v_cache_ptr += dv_start
+        out_ptr += dv_start
+        partial_out_ptr += dv_start
+        head_dim_v -= dv_start
+    kv_head = heads_pid // num_head_blocks
+    head_block = heads_pid % num_head_blocks
     split = tl.program_id(2)
 
     rows = tl.arange(0, BLOCK_M)
@@ -686,13 +704,26 @@ def _paged_attention_kernel(
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
     else:
+        # per-key gathers (pages shorter than the tile): with PREFETCH_PAGES the page ids of a tile
+        # are read one tile ahead, so its K/V gather never waits on the page-table read
+        # (two operands an operator: triton-xpu 3.3 rejects chained boolean operators)
+        GATHERS: tl.constexpr = (PAGE_SIZE > 0) and (PAGE_SIZE < BLOCK_N)
+        PREFETCH: tl.constexpr = (PREFETCH_PAGES and GATHERS) and ((KV_LOAD < 2) and (not HOIST_GATHER))
+        next_ids = 0
+        if PREFETCH:
+            ahead = start + tl.arange(0, BLOCK_N)
+            next_ids = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < end, other=0)
         for n0 in range(start, end, BLOCK_N):
+            page_ids = next_ids
+            if PREFETCH:
+                ahead = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+                next_ids = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < end, other=0)
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, (n0 < mid_lo) | (n0 >= mid_hi), row_lo, row_hi, qk_scale, softcap,
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK, INTEL_GPU)
+                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -762,7 +793,7 @@ def _register_compile_variants():
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
-        HAS_SEQUSED_Q=False,
+        HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1,  # the launcher asks for the prefetch on CUDA only
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -810,15 +841,17 @@ def _register_compile_variants():
          "BLOCK_DV": 32, "PAGE_SIZE": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
-    # D = 512 (Gemma 4's global layers): 16-key whole-head tiles, q / out in 2D
+    # D = 512 (Gemma 4's global layers): 16-key whole-head K tiles, V and out in 128-channel slices
+    # on 4 programs (xpu_tiles), q / out in 2D
     register_xpu_compile(
         _paged_attention_kernel, "decode,bf16,D512,g8,P64,split",
-        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 512, "KV_LOAD": 2},
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 128, "NUM_DV": 4,
+         "KV_LOAD": 2},
         dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
     register_xpu_compile(
         _paged_attention_kernel, "prefill,bf16,D512,g2,P64,causal",
         {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 512,
-         "BLOCK_DV": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
+         "BLOCK_DV": 128, "NUM_DV": 4, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "K", "V"), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
@@ -895,6 +928,12 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
         # (token, head) rows read q by gathers and spilled 4.3-7.0 KB at D = 256; one head: 0 B, no
         # SLM). Each head of a group reads the K/V tile again (from cache: prefill is compute-bound)
         tiles["pack_gqa"] = False
+    if head_dim > 256:
+        # Dv = 512 (Gemma 4): the output channels in 128-wide slices on 4 programs, each repeating
+        # the score dot (4x the QK work, the price of no spill; not timed). Whole-head tiles spilled
+        # 13-17 KB at 256 GRF, 256-channel slices 3.3-4.2 KB, 128: 0 B on PVC and BMG, decode and
+        # prefill (bench/results/xpu_native/tiles.txt)
+        tiles["BLOCK_DV"] = 128
     if chunked:
         # fp8 K^T has no 2D read: gathered 8-bit K^T beside its 16-bit copy spilled 8.4-8.8 KB at
         # D = 256; the score dot over 128-column chunks with 32-key tiles spills 0 (16-key tiles,
@@ -915,13 +954,14 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         block_n = 64
     if head_dim > 128:
         block_n = min(block_n, 32)  # [BLOCK_N, D] tiles of K and V must fit the registers
-    # D > 256 (Gemma 4's 512): whole-head tiles of 16 keys. ptxas, sm_90 (no timing yet): decode
-    # 16 rows x 16 keys on 4 warps 163 registers, 0 spill, 3 programs per SM (32 keys: 184, 2);
-    # prefill 64 x 16 on 8 warps 255 registers, 0 spill, 130 KB shared (128-row or 4-warp tiles
-    # spill 4-15 KB). bench/results/NVIDIA_H100_80GB_HBM3/experiments/d512_registers.txt
+    # D > 256 (Gemma 4's 512): whole-head tiles of 32 keys (16 where one request's splits fill the
+    # device). H100, 32/8/512 P = 16 (experiments/wide_tiles.txt): decode 16 rows x 32 keys on 4
+    # warps 2826 us at B = 64, 8k keys (16 keys: 3256 us, 3 programs per SM against 2, whose
+    # 512 programs leave a partial second wave); 1.00x at B = 16; B = 1 1.03x slower, so 16 there.
+    # Prefill 64 x 32 on 8 warps 199 TF/s (64 x 16: 125; 128-row and 4-warp tiles 0.3-0.7x)
     very_wide = max(head_dim, head_dim_v or 0) > 256
     if very_wide:
-        block_n = 16
+        block_n = 16 if decode_like and work <= 2 else 32
     # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA), page
     # rows read one tile ahead, 3 stages: 1.2-1.3x over pointer loads (H100, 32/8/128 causal
     # prefill, B = 1, L = 8k: 375 -> 460-486 TF/s). D = 64 stays on pointers (descriptors 0.95x
@@ -953,7 +993,7 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         num_stages=3 if kv_desc or narrow_prefill else 2,
         grf_mode="256" if head_dim > 128 else None,  # XPU only: 256 registers per thread
     )
-    if very_wide:  # 16-row decode tiles (a draft's rows take several); 64 x 16 prefill tiles on 8 warps
+    if very_wide:  # 16-row decode tiles on 4 warps (a draft's rows take several); 64-row prefill tiles on 8
         tiles.update(BLOCK_M=16 if decode_like else 64, num_warps=4 if decode_like else 8, num_stages=2)
     if _device.backend() == "xpu":
         tiles = xpu_tiles(decode_like, max(head_dim, head_dim_v or 0), page_size, fp8_kv)
@@ -965,6 +1005,13 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         waves=2,  # aim for this many programs per compute unit when splitting
         max_splits=128,
         kv_desc=kv_desc,
+        # page ids read a tile ahead of the K/V gather (pages shorter than the key tile): where it was
+        # measured to pay, one-query decode at D = 128, P = 1 on CUDA (H100: 0.976-0.994x the time
+        # from B = 64 at 8k keys, 1.00-1.01x at B = 1). Elsewhere off: D = 64 P = 1 lost programs
+        # per SM (5 -> 4, up to 1.03x slower), 3-stage draft tiles doubled their shared memory, and
+        # P = 16 moved within noise (experiments/prefetch_pages_p1.txt); a config file may ask for it
+        PREFETCH_PAGES=int(decode_like and max_q == 1 and page_size == 1 and head_dim == 128
+                           and _device.backend() == "cuda"),
     )
 
 
@@ -1382,7 +1429,12 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     # ---- KV splits: from shapes only (no host sync); refined per request on the device ----
     if left >= 0:
         max_kv_len = min(max_kv_len, left + block_q + config["BLOCK_N"])
-    programs = num_q_programs * num_kv_heads * num_head_blocks
+    # output channels a program computes: the whole row, or BLOCK_DV-wide slices of it on as many
+    # programs (a config's V split: the score dot repeats on each)
+    full_dv = max(16, next_power_of_2(head_dim_v))
+    block_dv = min(int(config.get("BLOCK_DV") or full_dv), full_dv)
+    num_dv = cdiv(head_dim_v, block_dv)
+    programs = num_q_programs * num_kv_heads * num_head_blocks * num_dv
     if num_splits == 0:
         splits = cdiv(config["waves"] * compute_units, programs)
         splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
@@ -1400,7 +1452,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     else:
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
         table_args = (page_table, page_table.stride(0), page_table.shape[1], k.shape[0])  # pool: the cache's pages
-    kv_descriptors = _kv_descriptors(k, v, page_size, config, device)
+    # (host descriptors span whole rows: not with a V split)
+    kv_descriptors = _kv_descriptors(k, v, page_size, config if num_dv == 1 else {**config, "kv_desc": False}, device)
     kv_load = _kv_load(page_size, config, kv_descriptors, (k, v))
     if kv_load == 3:
         _device.ensure_scratch_allocator(device)  # descriptors made on the device (CUDA: global scratch)
@@ -1440,7 +1493,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         HEADS_PER_BLOCK=heads_per_block,
         BLOCK_N=config["BLOCK_N"],
         BLOCK_D=max(16, next_power_of_2(head_dim)),  # tl.dot's K is at least 16
-        BLOCK_DV=max(16, next_power_of_2(head_dim_v)),
+        BLOCK_DV=block_dv,
+        NUM_DV=num_dv,
         PAGE_SIZE=page_size,
         CAUSAL=bool(causal),
         HAS_SOFTCAP=softcap > 0,
@@ -1454,6 +1508,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
         INTEL_GPU=_device.backend() == "xpu",  # code-generation choices for Intel's compiler (the kernel says which)
         HAS_SEQUSED_Q=seqused_q is not None,
+        PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 0)),
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
@@ -1493,7 +1548,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         partial_out = partial_lse = out  # placeholders, never touched
         po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (out.stride(0), out.stride(1))
 
-    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks, splits)
+    grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks * num_dv, splits)
     with device_guard(device):
         _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
