@@ -943,7 +943,7 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
 
 
 def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: int, max_q: int | None = None,
-                      fp8_kv: bool = False, head_dim_v: int | None = None) -> dict:
+                      fp8_kv: bool = False, head_dim_v: int | None = None, q_bytes: int = 2) -> dict:
     """Built-in config when no tuned file covers the bucket (measured on H200: a small decode
     batch wants long tiles over many splits, a full one shorter tiles; prefill on the H100,
     bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_tiles.txt and prefill_desc.txt)."""
@@ -958,10 +958,11 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
     # device). H100, 32/8/512 P = 16 (experiments/wide_tiles.txt): decode 16 rows x 32 keys on 4
     # warps 2826 us at B = 64, 8k keys (16 keys: 3256 us, 3 programs per SM against 2, whose
     # 512 programs leave a partial second wave); 1.00x at B = 16; B = 1 1.03x slower, so 16 there.
-    # Prefill 64 x 32 on 8 warps 199 TF/s (64 x 16: 125; 128-row and 4-warp tiles 0.3-0.7x)
+    # Prefill 64 x 32 on 8 warps 199 TF/s (64 x 16: 125; 128-row and 4-warp tiles 0.3-0.7x). With
+    # float32 operands (q_bytes 4) 32-key tiles need 264 KB of shared memory (232 KB on an H100): 16
     very_wide = max(head_dim, head_dim_v or 0) > 256
     if very_wide:
-        block_n = 16 if decode_like and work <= 2 else 32
+        block_n = 16 if (decode_like and work <= 2) or q_bytes > 2 else 32
     # prefill, D = 128, pages of whole 64-key tiles: K/V through tensor descriptors (TMA), page
     # rows read one tile ahead, 3 stages: 1.2-1.3x over pointer loads (H100, 32/8/128 causal
     # prefill, B = 1, L = 8k: 375 -> 460-486 TF/s). D = 64 stays on pointers (descriptors 0.95x
@@ -1413,7 +1414,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         "paged_attention",
         dict(d=head_dim, dv=head_dim_v, g=next_power_of_2(group_size), p=256 if contiguous else page_size,
              q=q_kind, w=work, dtype=str(k.dtype).replace("torch.", "")),
-        _heuristic_config(decode_like, head_dim, work, page_size, max_q, k.dtype in FP8_DTYPES, head_dim_v),
+        _heuristic_config(decode_like, head_dim, work, page_size, max_q, k.dtype in FP8_DTYPES, head_dim_v,
+                          q.element_size()),
         device=device,
         fallback=fallback,
         # prefill tiles keep Q and 2-3 stages of K/V tiles in shared memory: one tuned at D = 128
