@@ -242,25 +242,28 @@ def mla_tiles():
             print(f"P={P} {config}: {t:.1f} us {flops / t / 1e6:.1f} TFLOP/s max|diff| {err:.1e}", flush=True)
 
 
-def pa_tiles():
+def pa_tiles(cells_json="", configs_json=""):
     """Paged-attention decode configs the quick tuning never tried (8 warps, 3 stages, 256-key
     tiles, 3-4 waves), forced on the cells under 85% of the copy roofline, beside the shipped
-    config; each checked against the shipped output."""
+    config; each checked against the shipped output. ``cells_json`` / ``configs_json``: other cells
+    ([[Hq, Hkv, D, B, L, P], ...]) and configs ([{knob: value}, ...]) instead."""
     cells = [(8, 1, 128, B, L, P) for B, L in ((16, 8192), (64, 8192), (16, 32768)) for P in (1, 16, 64)]
     cells += [(32, 8, 64, 16, 8192, P) for P in (1, 16, 64)]
     configs = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, waves=wv, min_split_tokens=128)
                for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8)) for st in (2, 3) for wv in (2, 4)]
+    cells = [tuple(c) for c in json.loads(cells_json)] if cells_json else cells
+    configs = json.loads(configs_json) if configs_json else configs
     ratios = []
     for Hq, Hkv, D, B, L, P in cells:
         run = paged_case(Hq, Hkv, D, B, L, P)
         gbs = 2 * B * L * Hkv * D * 2 / 1e3  # K + V bytes / us -> GB/s
         expected = run().float()
         shipped = us(run)
-        res = {tuple(config.values())[:4]: (t, err)
+        res = {json.dumps(config, separators=(",", ":")): (t, err)
                for config, t, err in forced_configs("paged_attention", run, expected, configs, "  ")}
         best = min(res, key=lambda c: res[c][0])
         ratios.append(shipped / res[best][0])
-        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best (BN,w,st,waves)={best} "
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best {best} "
               f"{res[best][0]:.1f} us {gbs / res[best][0]:.0f} GB/s ({shipped / res[best][0]:.3f}x) | "
               + " ".join(f"{c}:{t:.1f}" for c, (t, e) in res.items())
               + f" | max|diff| {max(e for t, e in res.values()):.1e}", flush=True)
