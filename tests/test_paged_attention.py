@@ -606,17 +606,19 @@ def test_prefill_heuristic_choices_on_cuda(monkeypatch, case, expected):
 
 @pytest.mark.parametrize("decode_like, head_dim, work, page_size, max_q, q_bytes, block_n, prefetch", [
     # D = 512 (experiments/wide_tiles.txt): 32-key tiles once the batch fills the device, 16 below ...
-    (True, 512, 16, 16, 1, 2, 32, 0),
+    (True, 512, 16, 16, 1, 2, 32, 1),  # (page ids a tile ahead: 16-token pages in 32-key tiles)
     (True, 512, 2, 16, 1, 2, 16, 0),
     (False, 512, 32, 64, 4096, 2, 32, 0),
     # ... and with float32 operands, whose 32-key tiles overflow the shared memory
     (False, 512, 32, 64, 4096, 4, 16, 0),
     (True, 512, 16, 16, 1, 4, 16, 0),
-    # page ids a tile ahead: one-query decode at D = 128 over one-token pages only (prefetch_pages_p1.txt)
+    # page ids a tile ahead: one-query decode at D = 128 over one-token pages (prefetch_pages_p1.txt) ...
     (True, 128, 16, 1, 1, 2, 64, 1),
     (True, 128, 16, 1, 4, 2, 64, 0),
     (True, 64, 16, 1, 1, 2, 128, 0),
     (True, 128, 16, 16, 1, 2, 64, 0),
+    (True, 512, 16, 64, 1, 2, 32, 0),  # ... and at D = 512 over pages shorter than the 32-key tile
+    (True, 512, 16, 16, 4, 2, 32, 0),
 ])
 def test_wide_head_and_prefetch_heuristic_choices_on_cuda(monkeypatch, decode_like, head_dim, work, page_size, max_q,
                                                           q_bytes, block_n, prefetch):

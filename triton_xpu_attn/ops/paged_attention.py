@@ -1007,12 +1007,14 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         max_splits=128,
         kv_desc=kv_desc,
         # page ids read a tile ahead of the K/V gather (pages shorter than the key tile): where it was
-        # measured to pay, one-query decode at D = 128, P = 1 on CUDA (H100: 0.976-0.994x the time
-        # from B = 64 at 8k keys, 1.00-1.01x at B = 1). Elsewhere off: D = 64 P = 1 lost programs
-        # per SM (5 -> 4, up to 1.03x slower), 3-stage draft tiles doubled their shared memory, and
-        # P = 16 moved within noise (experiments/prefetch_pages_p1.txt); a config file may ask for it
-        PREFETCH_PAGES=int(decode_like and max_q == 1 and page_size == 1 and head_dim == 128
-                           and _device.backend() == "cuda"),
+        # measured to pay, one-query decode on CUDA at D = 128 over one-token pages (H100: 0.976-0.994x
+        # the time from B = 64 at 8k keys, 1.00-1.01x at B = 1; H200 0.952-1.014x) and above D = 256
+        # over pages shorter than the 32-key tile (H200, 16-token pages: 0.963-0.995x; H100
+        # 0.995-1.001x). Elsewhere off: D = 64 P = 1 lost programs per SM (5 -> 4, up to 1.03x
+        # slower), 3-stage draft tiles doubled their shared memory, and D = 128 P = 16 moved within
+        # noise (experiments/prefetch_pages_p1.txt); a config file may ask for it
+        PREFETCH_PAGES=int(decode_like and max_q == 1 and _device.backend() == "cuda"
+                           and ((page_size == 1 and head_dim == 128) or (very_wide and page_size < block_n))),
     )
 
 
