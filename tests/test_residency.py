@@ -7,7 +7,6 @@ import pytest
 from triton_xpu_attn import device as _device
 
 
-
 @pytest.mark.skipif(_device.backend() != "cuda", reason="reads compiled CUDA kernels")
 def test_decode_residency_not_worse_than_record():
     from bench import residency

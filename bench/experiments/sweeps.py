@@ -26,6 +26,7 @@ import triton.language as tl  # noqa: E402
 
 from bench import bench_mla_decode as bench_mla  # noqa: E402
 from bench import bench_paged_attention as bench_paged  # noqa: E402
+from bench import bench_prefill  # noqa: E402
 from bench.common import bench_ms, capture_graph, copy_bandwidth, geomean, graph_ms  # noqa: E402
 from triton_xpu_attn import device as _device  # noqa: E402
 from triton_xpu_attn import tune  # noqa: E402
@@ -253,6 +254,14 @@ def pa_tiles(cells_json="", configs_json=""):
                for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8)) for st in (2, 3) for wv in (2, 4)]
     cells = [tuple(c) for c in json.loads(cells_json)] if cells_json else cells
     configs = json.loads(configs_json) if configs_json else configs
+    ratios = decode_config_sweep(cells, configs)
+    print(f"geomean shipped/best {geomean(ratios):.3f} max {max(ratios):.3f}")
+
+
+def decode_config_sweep(cells, configs, split_counts=(), prefix=""):
+    """Per decode cell (Hq, Hkv, D, B, L, P): the shipped config's time beside each of ``configs``
+    forced and each of ``split_counts`` forced (``num_splits``), each checked against the shipped
+    output; prints a line a cell and returns shipped / best time per cell."""
     ratios = []
     for Hq, Hkv, D, B, L, P in cells:
         run = paged_case(Hq, Hkv, D, B, L, P)
@@ -261,13 +270,15 @@ def pa_tiles(cells_json="", configs_json=""):
         shipped = us(run)
         res = {json.dumps(config, separators=(",", ":")): (t, err)
                for config, t, err in forced_configs("paged_attention", run, expected, configs, "  ")}
+        for n in split_counts:
+            res[f"splits={n}"] = (us(lambda n=n: run(num_splits=n)), (run(num_splits=n).float() - expected).abs().max().item())
         best = min(res, key=lambda c: res[c][0])
         ratios.append(shipped / res[best][0])
-        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best {best} "
+        print(f"{prefix}{Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best {best} "
               f"{res[best][0]:.1f} us {gbs / res[best][0]:.0f} GB/s ({shipped / res[best][0]:.3f}x) | "
               + " ".join(f"{c}:{t:.1f}" for c, (t, e) in res.items())
               + f" | max|diff| {max(e for t, e in res.values()):.1e}", flush=True)
-    print(f"geomean shipped/best {geomean(ratios):.3f} max {max(ratios):.3f}")
+    return ratios
 
 
 def wide_tiles():
@@ -280,38 +291,21 @@ def wide_tiles():
     configs = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, waves=wv)
                for bn, w, st, wv in [(16, 4, 2, 4), (16, 4, 2, 8), (16, 4, 3, 2), (16, 8, 2, 2), (16, 8, 2, 4),
                                      (32, 4, 2, 2), (32, 8, 2, 2), (32, 8, 2, 4), (32, 8, 3, 4), (64, 8, 2, 4)]]
-    for Hq, Hkv, D, B, L, P in cells:
-        run = paged_case(Hq, Hkv, D, B, L, P)
-        gbs = 2 * B * L * Hkv * D * 2 / 1e3
-        expected = run().float()
-        shipped = us(run)
-        res = {str(tuple(c.values())): (t, err) for c, t, err in forced_configs("paged_attention", run, expected, configs, "  ")}
-        for n in (1, 2, 3, 4, 6, 8):
-            res[f"splits={n}"] = (us(lambda n=n: run(num_splits=n)), (run(num_splits=n).float() - expected).abs().max().item())
-        best = min(res, key=lambda c: res[c][0])
-        print(f"decode {Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.1f} us {gbs / shipped:.0f} GB/s | best {best} "
-              f"{res[best][0]:.1f} us {gbs / res[best][0]:.0f} GB/s ({shipped / res[best][0]:.3f}x) | "
-              + " ".join(f"{c}:{t:.1f}" for c, (t, e) in res.items())
-              + f" | max|diff| {max(e for t, e in res.values()):.1e}", flush=True)
+    decode_config_sweep(cells, configs, split_counts=(1, 2, 3, 4, 6, 8), prefix="decode ")
     prefill = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
                for bm, bn, w, st in [(64, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 3), (128, 16, 8, 2), (128, 32, 8, 2),
                                      (32, 32, 4, 2), (32, 16, 4, 2), (64, 32, 4, 1), (128, 16, 16, 2)]]
     for B, Hq, Hkv, D, L, P in [(1, 32, 8, 512, 8192, 16), (1, 32, 8, 512, 8192, 64), (4, 32, 8, 512, 2048, 64)]:
-        k = torch.randn(B * L // P + 1, P, Hkv, D, device=DEV, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        table = (torch.randperm(B * L // P, device=DEV).view(B, -1) + 1).to(torch.int32)
-        q = torch.randn(B * L, Hq, D, device=DEV, dtype=torch.bfloat16)
-        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32) * L
-        lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
-        run = lambda: ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, cu_seqlens_q=cu,  # noqa: E731
-                                                   max_seqlen_q=L, causal=True)
+        case = bench_prefill.make_dense(B, L, L, Hq, Hkv, D, DEV, torch.bfloat16)  # full prefill
+        run = bench_prefill.run_ours(case, bench_prefill.make_paged(case, P), D**-0.5)
         flops = 4 * Hq * D * B * L * (L + 1) / 2
         expected = run().float()
         shipped = us(run)
-        res = {str(tuple(c.values())): (t, err) for c, t, err in forced_configs("paged_attention", run, expected, prefill, "  ")}
+        res = {json.dumps(c, separators=(",", ":")): (t, err)
+               for c, t, err in forced_configs("paged_attention", run, expected, prefill, "  ")}
         best = min(res, key=lambda c: res[c][0])
         print(f"prefill {Hq}/{Hkv}/{D} B={B} L={L} P={P}: shipped {shipped:.0f} us {flops / shipped / 1e6:.0f} TF/s | best "
-              f"(BM,BN,w,st)={best} {res[best][0]:.0f} us {flops / res[best][0] / 1e6:.0f} TF/s | "
+              f"{best} {res[best][0]:.0f} us {flops / res[best][0] / 1e6:.0f} TF/s | "
               + " ".join(f"{c}:{t:.0f}" for c, (t, e) in res.items()) + f" | max|diff| {max(e for t, e in res.values()):.1e}",
               flush=True)
 
