@@ -3,6 +3,7 @@
     python bench/experiments/profile.py stats      # registers, spills, shared memory, dot instructions
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \
         python bench/experiments/profile.py ncu    # one profiled call per cell (cudaProfilerStart/Stop)
+    ... profile.py ncu|stats '[[Hq, Hkv, D, B, L, P], ...]'   # these paged cells only
 
 Cells: the paged-attention cells under 85% of the copy roofline (267 MB: 8/1/128 B=16 L=32k and
 32/8/64 B=16 L=8k; 67 MB: 8/1/128 B=16 L=8k), the B=1 cell, a cell that meets the target
@@ -12,6 +13,7 @@ for it).
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import sys
@@ -31,6 +33,8 @@ MLA = [(64, 128, 4096, 64), (64, 16, 4096, 1)]
 def calls():
     for Hq, Hkv, D, B, L, P in PAGED:
         yield f"paged {Hq}/{Hkv}/{D} B={B} L={L} P={P}", paged_case(Hq, Hkv, D, B, L, P)
+    if CELLS_GIVEN:
+        return
     for B, H, L, P in MLA:
         yield f"mla H={H} B={B} L={L} P={P}", mla_case(B, H, L, P)(0)
     x = torch.empty(268 * 2**20 // 2, dtype=torch.uint8, device="cuda")
@@ -79,6 +83,10 @@ def ncu():
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
 
+
+CELLS_GIVEN = len(sys.argv) > 2
+if CELLS_GIVEN:
+    PAGED = [tuple(cell) for cell in json.loads(sys.argv[2])]
 
 if __name__ == "__main__":
     print(torch.cuda.get_device_name())

@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|wide_tiles
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|gather_ceiling|wide_tiles
     python bench/experiments/sweeps.py ab_paged OLD_COPY_OF_OPS_PAGED_ATTENTION.py [SECONDS]
 """
 from __future__ import annotations
@@ -360,6 +360,70 @@ def read_ceiling():
         del x, half, other
 
 
+@triton.jit
+def _gather_read_kernel(k_ptr, v_ptr, table_ptr, out_ptr, kv_len, pages_per_request, num_groups, splits,
+                        stride_page, stride_tok, PAGE: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
+                        BLOCK_N: tl.constexpr, CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """Reads a paged decode's K and V once, as a decode program would (sums them, so the loads
+    stay): program (request, group of HEADS adjacent KV heads, split) reads BLOCK_N keys at a time,
+    each key's HEADS * D contiguous values from the page the table names."""
+    pid = tl.program_id(0)
+    split = pid % splits
+    group = (pid // splits) % num_groups
+    b = pid // (splits * num_groups)
+    per_split = kv_len // splits
+    cols = group * HEADS * D + tl.arange(0, HEADS * D)
+    acc = tl.zeros([BLOCK_N, HEADS * D], dtype=tl.float32)
+    for n0 in range(split * per_split, split * per_split + per_split, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        page = tl.load(table_ptr + b * pages_per_request + keys // PAGE).to(tl.int64)
+        rows = page * stride_page + (keys % PAGE) * stride_tok
+        acc += tl.load(k_ptr + rows[:, None] + cols[None, :], cache_modifier=CACHE, eviction_policy=EVICT).to(tl.float32)
+        acc += tl.load(v_ptr + rows[:, None] + cols[None, :], cache_modifier=CACHE, eviction_policy=EVICT).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def gather_ceiling(cells_json=""):
+    """What reading a paged decode's K/V once reaches, by page size and by how many adjacent KV
+    heads one program reads per key (1: a decode program's 256-B rows at D = 128; 8: a token's
+    whole row), against the copy roofline: the fastest of a family of read-only kernels (tile
+    bytes held at BLOCK_N * 256 B; programs 512 or 2048 through KV splits; 8 warps (4 never won);
+    2/3 stages; plain, L2-only (.cg) or evict-first loads).
+    Cells: [[Hkv, D, B, L], ...] (default the peers' 64/8/128 B = 64 L = 8k)."""
+    roof = copy_bandwidth()
+    print(f"copy roofline {roof:.0f} GB/s")
+    for Hkv, D, B, L in json.loads(cells_json or "[[8, 128, 64, 8192]]"):
+        gb = 2 * B * L * Hkv * D * 2 / 1e9
+        line = f"Hkv={Hkv} D={D} B={B} L={L} ({gb * 1e3:.0f} MB):"
+        for P in (1, 16, 64):
+            case = bench_paged.make_case(B, Hkv, Hkv, D, L, P, DEV)
+            k, v, table = case["k"], case["v"], case["table"]
+            for heads in [h for h in (1, 2, 8) if Hkv % h == 0]:
+                res = {}
+                for programs, block_n, warps, stages, cache in itertools.product(
+                        (512, 2048), (32, 64), (8,), (2, 3), ("", ".cg", "evict_first")):
+                    bn = max(block_n // heads, 1)
+                    splits = min(max(programs // (B * (Hkv // heads)), 1), L // bn)
+                    programs = splits * B * (Hkv // heads)
+                    if L % (splits * bn):
+                        continue
+                    out = torch.zeros(programs, device=DEV, dtype=torch.float32)
+                    res[(programs, block_n, warps, stages, cache or "plain")] = us(lambda: _gather_read_kernel[(programs,)](
+                        k, v, table, out, L, table.shape[1], Hkv // heads, splits, k.stride(0), k.stride(1),
+                        PAGE=P, HEADS=heads, D=D, BLOCK_N=bn, CACHE=cache if cache == ".cg" else "",
+                        EVICT=cache if cache == "evict_first" else "", num_warps=warps, num_stages=stages))
+                best = min(res, key=res.get)
+                # every byte read once: the sums add up to the cache's used pages
+                used = table.long().flatten()
+                expected = k[used].float().sum() + v[used].float().sum()
+                assert torch.allclose(out.sum(), expected, rtol=1e-3, atol=1.0), (out.sum(), expected)
+                line += (f" | P={P} heads/program {heads}: {res[best]:.1f} us "
+                         f"({gb * 1e6 / res[best] / roof * 100:.1f}%) (programs,BLOCK_N*heads,warps,stages,loads)={best}")
+            for Hq in (Hkv * 4, Hkv * 8):  # our decode over the same cache
+                line += f" | ours {Hq}/{Hkv} P={P}: {us(paged_case(Hq, Hkv, D, B, L, P)):.1f} us"
+        print(line, flush=True)
+
+
 def load_old_op(path, op="paged_attention"):
     """An old copy of ops/<op>.py imported as a module of the package, so its relative imports
     resolve (to today's device, tune, _common and merge_state)."""
@@ -453,5 +517,5 @@ if __name__ == "__main__":
     print(_device.describe()["device"])
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
      "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling,
-     "wide_tiles": wide_tiles,
+     "gather_ceiling": gather_ceiling, "wide_tiles": wide_tiles,
      "ab_paged": ab_paged}[sys.argv[1]](*sys.argv[2:])
