@@ -130,3 +130,73 @@ def test_merge_state_v1_is_the_base2_merge():
     assert torch.allclose(v.float().cpu(), v_expected, atol=1e-2) and torch.allclose(s.cpu(), s_expected, atol=1e-4)
     v2, s2 = merge_state_v2(v_a.to(DEVICE), (s_a * math.log(2)).to(DEVICE), v_b.to(DEVICE), (s_b * math.log(2)).to(DEVICE))
     assert torch.allclose(v.float(), v2.float(), atol=1e-3) and torch.allclose(s * math.log(2), s2, atol=1e-5)
+
+
+def test_programmatic_launch_only_on_cuda_sm90():
+    """The combine starts early (programmatic dependent launch) only where CUDA has it: compute
+    capability >= 9 and a Triton with grid dependency control; never on XPU or the interpreter,
+    whose kernels would not compile the wait."""
+    from triton_xpu_attn import device as _device
+
+    if DEVICE.type != "cuda":
+        assert not _device.programmatic_launch(DEVICE)
+    else:
+        sm90 = torch.cuda.get_device_capability(DEVICE)[0] >= 9
+        assert _device.programmatic_launch(DEVICE) == (sm90 and _device._grid_dependency_control())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_split_combine_launched_early_waits_for_the_partials(graph, monkeypatch):
+    """With programmatic launch the combine is resident while the attention kernel still writes
+    the partials. Each call here leaves the previous call's partials in the buffer, from another
+    query. A combine that read before its wait would merge those stale values. Outputs must be
+    bitwise those of the ordinary launch, eager and replayed from a CUDA graph after new queries
+    are written into the captured input."""
+    import triton_xpu_attn as ours
+    from triton_xpu_attn import device as _device
+
+    if not _device.programmatic_launch(DEVICE):
+        pytest.skip("no programmatic dependent launch on this device")
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    # a main kernel of ~100 us, longer than the host's gap between the two launches: eager calls
+    # start the combine early too (at 16k keys, 4 requests only the graph replays did)
+    B, Hq, Hkv, D, P, L = 8, 8, 2, 128, 16, 32768
+    pages = torch.randperm(B * L // P, device=DEVICE, generator=gen).view(B, L // P).to(torch.int32)
+    k = torch.randn(B * L // P, P, Hkv, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    lens = torch.full((B,), L, device=DEVICE, dtype=torch.int32)
+    queries = [torch.randn(B, 1, Hq, D, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+    q = queries[0].clone()
+
+    def call():
+        return ours.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=pages, num_splits=32,
+                                           return_softmax_lse=True)
+
+    def ordinary(query):
+        with monkeypatch.context() as m:
+            m.setattr(_device, "programmatic_launch", lambda device=None: False)
+            return ours.flash_attn_with_kvcache(query, k, v, cache_seqlens=lens, page_table=pages, num_splits=32,
+                                               return_softmax_lse=True)
+
+    expected = [tuple(t.clone() for t in ordinary(query)) for query in queries]
+    if graph:
+        api = torch.cuda
+        stream = api.Stream()
+        stream.wait_stream(api.current_stream())
+        with api.stream(stream):
+            call()
+        api.current_stream().wait_stream(stream)
+        g = api.CUDAGraph()
+        with api.graph(g):
+            captured = call()
+    for _ in range(2):
+        for query, (out_ref, lse_ref) in zip(queries, expected):
+            q.copy_(query)
+            if graph:
+                g.replay()
+                out, lse = captured
+            else:
+                out, lse = call()
+            torch.cuda.synchronize(DEVICE)
+            assert torch.equal(out, out_ref) and torch.equal(lse, lse_ref)

@@ -204,6 +204,28 @@ def device_descriptors(device: torch.device | str | int | None = None) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _grid_dependency_control() -> bool:
+    """Whether this Triton compiles grid dependency control (``tl.extra.cuda.gdc_wait``) and
+    launches kernels with programmatic dependent launch (the ``launch_pdl`` option)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def programmatic_launch(device: torch.device | str | int | None = None) -> bool:
+    """Whether a kernel on ``device`` may be launched before the one ahead of it in the stream has
+    finished, waiting in-kernel for its results (programmatic dependent launch: CUDA, compute
+    capability >= 9, a Triton with grid dependency control). The split-KV combine starts this way,
+    so its launch overlaps the attention kernel's tail. False on XPU and under the interpreter."""
+    if backend() != "cuda" or not _grid_dependency_control():
+        return False
+    return _properties("cuda", _index(device)).major >= 9
+
+
 def ensure_scratch_allocator(device: torch.device | str | int | None = None) -> None:
     """Give Triton a global-scratch allocator (torch memory on ``device``) if none was set: kernels
     that create tensor descriptors on the device need one on CUDA. An allocator the caller set

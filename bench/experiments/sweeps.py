@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|gather_ceiling|wide_tiles
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|gather_ceiling|pdl|wide_tiles
     python bench/experiments/sweeps.py ab_paged OLD_COPY_OF_OPS_PAGED_ATTENTION.py [SECONDS]
 """
 from __future__ import annotations
@@ -424,6 +424,41 @@ def gather_ceiling(cells_json=""):
         print(line, flush=True)
 
 
+def pdl():
+    """The split combine launched programmatically (device.programmatic_launch: it starts while the
+    attention kernel runs and waits in-kernel for the partials) against the ordinary launch, in one
+    process: decode cells of the peers' grid at 16-token pages and MLA decode cells; each checked
+    bitwise against the ordinary launch's output. Time ratios new/old (< 1: faster)."""
+    cells = [(Hq, Hkv, 128, B, L, 16) for Hq, Hkv in ((32, 8), (8, 1), (64, 8)) for B in (1, 16, 64, 128)
+             for L in (1024, 8192)]
+    runs = [(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}", paged_case(Hq, Hkv, D, B, L, P)) for Hq, Hkv, D, B, L, P in cells]
+    runs += [(f"mla H={H} B={B} L={L} P=64", mla_case(B, H, L, 64)(0)) for H in (16, 128) for B in (1, 16, 64)
+             for L in (1024, 4096)]
+    ratios = []
+    for label, run in runs:
+        with _ordinary_launch():
+            old_out = run().clone()
+            old = us(run)
+        new_out = run()
+        new = us(run)
+        same = torch.equal(old_out, new_out)
+        ratios.append(new / old)
+        print(f"{label}: ordinary {old:.1f} us, programmatic {new:.1f} us, new/old {new / old:.3f}"
+              f"{'' if same else ' OUTPUT DIFFERS'}", flush=True)
+    print(f"new/old over {len(ratios)} cells: geomean {geomean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
+
+
+@contextlib.contextmanager
+def _ordinary_launch():
+    """Every kernel launched the ordinary way inside the block (no programmatic launch)."""
+    real = _device.programmatic_launch
+    _device.programmatic_launch = lambda device=None: False
+    try:
+        yield
+    finally:
+        _device.programmatic_launch = real
+
+
 def load_old_op(path, op="paged_attention"):
     """An old copy of ops/<op>.py imported as a module of the package, so its relative imports
     resolve (to today's device, tune, _common and merge_state)."""
@@ -517,5 +552,5 @@ if __name__ == "__main__":
     print(_device.describe()["device"])
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
      "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling,
-     "gather_ceiling": gather_ceiling, "wide_tiles": wide_tiles,
+     "gather_ceiling": gather_ceiling, "pdl": pdl, "wide_tiles": wide_tiles,
      "ab_paged": ab_paged}[sys.argv[1]](*sys.argv[2:])

@@ -64,7 +64,12 @@ def _combine_splits_kernel(
     BLOCK_DV: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    WAIT_PRIOR_GRID: tl.constexpr = False,
 ):
+    if WAIT_PRIOR_GRID:
+        # launched before the attention kernel that writes the partials has finished
+        # (programmatic dependent launch): nothing is read before that kernel's writes are visible
+        tl.extra.cuda.gdc_wait()
     # one (row, head) and one BLOCK_DV slice of its output per program: a wide V (MLA's 512)
     # spreads over several programs instead of one program walking all of it
     n = tl.program_id(0).to(tl.int64)
@@ -157,6 +162,7 @@ register_xpu_compile(
         stride_pl_n="i64", stride_pl_h="i32", num_splits="i32", out_ptr="*bf16", stride_o_n="i64", stride_o_h="i32",
         lse_ptr="*fp32", stride_lse_n="i32", stride_lse_h="i64", sinks_ptr="*fp32", head_dim_v="i32",
         MAX_SPLITS=64, SPLIT_BLOCK=64, BLOCK_DV=64, HAS_SINKS=True, WRITE_LSE=True,
+        WAIT_PRIOR_GRID=False,  # a CUDA launch mode (device.programmatic_launch)
     ),
     num_warps=8,  # as XPU launches a 64 x 64 tile (combine_tiling)
 )
@@ -180,6 +186,7 @@ def combine_splits(
     lse: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     compute_units: int | None = None,
+    after_partials_kernel: bool = False,
 ) -> None:
     """Merge split-KV partial results in a fixed order (internal; no argument checks).
 
@@ -188,6 +195,9 @@ def combine_splits(
     (any strides, last dim contiguous) and, when given, ``lse [N, H]`` (any strides, e.g. the
     transpose of an ``[H, N]`` tensor). ``sinks [H]`` join every row's denominator.
     ``compute_units``: the device's, when the caller already has it (else looked up).
+    ``after_partials_kernel``: the caller launched the kernel writing the partials right before
+    this call, on this stream; where the device allows (``device.programmatic_launch``) the
+    combine is then launched while that kernel runs and waits in-kernel for its writes.
     """
     n, h, s, dv = partial_out.shape
     if n == 0 or h == 0:
@@ -195,6 +205,7 @@ def combine_splits(
     if compute_units is None:
         compute_units = _device.compute_units(out.device)
     block_dv, split_block, num_warps = combine_tiling(n * h, s, dv, compute_units)
+    early = after_partials_kernel and _device.programmatic_launch(out.device)
     with device_guard(out.device):
         _combine_splits_kernel[(n, h, cdiv(dv, block_dv))](
             partial_out, partial_lse,
@@ -213,6 +224,7 @@ def combine_splits(
             HAS_SINKS=sinks is not None,
             WRITE_LSE=lse is not None,
             num_warps=num_warps,
+            **(dict(WAIT_PRIOR_GRID=True, launch_pdl=True) if early else {}),
         )
 
 

@@ -160,7 +160,12 @@ def _mla_attention_kernel(
     CAUSAL: tl.constexpr,
     KV_DESC: tl.constexpr = False,
     LATENT_CHUNK: tl.constexpr = 0,  # > 0: latent tiles through block pointers, score dot per chunk
+    LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the split combine start (device.programmatic_launch)
 ):
+    if SPLIT and LAUNCH_DEPENDENTS:
+        # the split combine, launched programmatically after this kernel, may start as soon as
+        # every program of this grid has (it waits in-kernel for this grid's writes)
+        tl.extra.cuda.gdc_launch_dependents()
     NUM_DV: tl.constexpr = BLOCK_R // BLOCK_DV
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
@@ -360,7 +365,7 @@ def _register_compile_variants():
         HAS_KV_SCALE=False, PREFETCH_PAGES=True, SPLIT=True, WRITE_LSE=True, DOT_PRECISION="tf32",
         RAGGED=False, CAUSAL=True,
         kv_desc=None, pe_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
-        LATENT_CHUNK=0,
+        LATENT_CHUNK=0, LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
     )
     # as XPU launches them (xpu_tiles): 16-key tiles, 64 output channels a program; over pages of
     # 16+ tokens latent tiles through block pointers in 64-channel chunks (2D block reads), one stage

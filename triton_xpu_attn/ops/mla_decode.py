@@ -382,10 +382,11 @@ def flash_mla_decode(
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=False, CAUSAL=True,
             KV_DESC=latent_descs[0] is not None,
+            LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
             **launch_constexprs(config, latent_chunk(config, page_size, block_n, block_r, latent_descs)),
         )
         if splits > 1:
-            combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units)
+            combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units, after_partials_kernel=True)
     if out is not dest:
         dest.copy_(out)
     return (dest, lse) if return_lse else dest

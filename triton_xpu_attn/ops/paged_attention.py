@@ -458,6 +458,7 @@ def _paged_attention_kernel(
     HAS_SEQUSED_Q: tl.constexpr = False,
     PREFETCH_PAGES: tl.constexpr = False,
     NUM_DV: tl.constexpr = 1,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
@@ -471,6 +472,10 @@ def _paged_attention_kernel(
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
 
+    if SPLIT_KV and LAUNCH_DEPENDENTS:
+        # the split combine, launched programmatically after this kernel, may start as soon as
+        # every program of this grid has (it waits in-kernel for this grid's writes)
+        tl.extra.cuda.gdc_launch_dependents()
     pid_q = tl.program_id(0)
     heads_pid = tl.program_id(1)
     if NUM_DV > 1:
@@ -794,6 +799,7 @@ def _register_compile_variants():
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
         HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1,  # the launcher asks for the prefetch on CUDA only
+        LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -1513,6 +1519,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         INTEL_GPU=_device.backend() == "xpu",  # code-generation choices for Intel's compiler (the kernel says which)
         HAS_SEQUSED_Q=seqused_q is not None,
         PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 0)),
+        LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
@@ -1556,7 +1563,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     with device_guard(device):
         _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
-            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units)
+            combine_splits(partial_out, partial_lse, out, lse.T if lse is not None else None, sinks, compute_units,
+                           after_partials_kernel=True)
     if out is not dest:
         dest.copy_(out)
     return (dest, lse) if return_softmax_lse else dest
