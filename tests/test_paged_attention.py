@@ -461,6 +461,42 @@ def test_v_split_across_programs(kv_load, q_len, num_splits, page):
     check_lse(lse, lse_ref, torch.float32)
 
 
+
+@pytest.mark.parametrize("group,block_dv,num_splits,padding", [(4, 0, 0, 0), (12, 16, 3, 0), (3, 0, 1, 2), (12, 0, 2, 1)])
+def test_heads_first_grid_order(group, block_dv, num_splits, padding):
+    """``heads_first`` (one-query decode on CUDA: the grid's KV heads on its first axis) changes
+    which program computes what, never the result: bitwise the output and LSE of the shipped order,
+    and the float64 reference's, with several head blocks (group 12 on 16-row tiles), a V split
+    (Dv = 40 in 16-channel slices), KV splits and padding rows past cu_seqlens_q[B]."""
+    gen = torch.Generator().manual_seed(group * 100 + num_splits)
+    hkv, d, dv, page, batch = 2, 32, 40, 4, 3
+    hq = group * hkv
+    lens = [21, 1, 14]
+    table = torch.randperm(18, generator=gen).view(batch, 6).to(torch.int32)
+    k = torch.randn(18, page, hkv, d, generator=gen)
+    v = torch.randn(18, page, hkv, dv, generator=gen)
+    q = torch.randn(batch + padding, hq, d, generator=gen)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    out_ref, lse_ref = ref.paged_attention(q[:batch], k, v, seqlens, table, cu, causal=True)
+    results = []
+    for heads_first in (0, 1):
+        config = dict(BLOCK_N=16, BLOCK_M=16, heads_first=heads_first, **({"BLOCK_DV": block_dv} if block_dv else {}))
+        out = poison(torch.empty(batch + padding, hq, dv, device=DEVICE))
+        with tune.override("paged_attention", config):
+            got, lse = flash_attn_with_kvcache(
+                q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+                cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=1, causal=True, num_splits=num_splits, out=out,
+                return_softmax_lse=True)
+        assert_close(got[:batch], out_ref, torch.float32)
+        check_lse(lse[:, :batch], lse_ref, torch.float32)
+        if padding:  # rows past cu_seqlens_q[B]: output 0, LSE -inf
+            assert torch.equal(got[batch:].cpu(), torch.zeros(padding, hq, dv))
+            assert torch.isneginf(lse[:, batch:]).all()
+        results.append((got.cpu(), lse.cpu()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 def test_large_gqa_group_uses_several_head_blocks():
     # 128 query heads on one KV head: more heads than one tile holds
     gen = torch.Generator().manual_seed(6)
@@ -628,3 +664,14 @@ def test_wide_head_and_prefetch_heuristic_choices_on_cuda(monkeypatch, decode_li
     monkeypatch.setattr(_device, "backend", lambda: "cuda")
     config = pa._heuristic_config(decode_like, head_dim, work, page_size, max_q, False, head_dim, q_bytes)
     assert (config["BLOCK_N"], config["PREFETCH_PAGES"]) == (block_n, prefetch)
+
+
+@pytest.mark.parametrize("backend, decode_like, max_q, expected", [
+    ("cuda", True, 1, 1), ("cuda", True, 4, 0), ("cuda", False, 512, 0), ("xpu", True, 1, 0)])
+def test_heads_first_heuristic_choice(monkeypatch, backend, decode_like, max_q, expected):
+    """The KV heads lead the grid for one-query decode on CUDA only (experiments/block_order.txt)."""
+    from triton_xpu_attn import device as _device
+    from triton_xpu_attn.ops import paged_attention as pa
+
+    monkeypatch.setattr(_device, "backend", lambda: backend)
+    assert pa._heuristic_config(decode_like, 128, 16, 1, max_q).get("heads_first", 0) == expected

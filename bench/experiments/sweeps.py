@@ -2,7 +2,7 @@
 ``bench/results/<device>/experiments/``). Every time: median of device-graph replays
 (``bench.common.graph_ms``), in microseconds.
 
-    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|gather_ceiling|pdl|wide_tiles
+    python bench/experiments/sweeps.py ceiling|combine|splits|q4|q4_rows|waves|mla_batch|mla_tiles|pa_tiles|read_ceiling|gather_ceiling|block_order|pdl|wide_tiles
     python bench/experiments/sweeps.py ab_paged OLD_COPY_OF_OPS_PAGED_ATTENTION.py [SECONDS]
 """
 from __future__ import annotations
@@ -424,6 +424,89 @@ def gather_ceiling(cells_json=""):
         print(line, flush=True)
 
 
+@triton.jit
+def _ordered_read_kernel(k_ptr, v_ptr, table_ptr, work_ptr, sm_ptr, out_ptr, kv_len, pages_per_request, num_heads,
+                         stride_page, stride_tok, PAGE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_gather_read_kernel's best P = 1 read (one KV head a program, whole requests, L2-only loads)
+    with the (request, head) of program ``pid`` taken from ``work[pid]``: the order in which the
+    hardware dispatches programs is an input. Records each program's SM in ``sm[pid]``."""
+    pid = tl.program_id(0)
+    w = tl.load(work_ptr + pid)
+    b = w // num_heads
+    cols = (w % num_heads) * D + tl.arange(0, D)
+    acc = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    for n0 in range(0, kv_len, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        page = tl.load(table_ptr + b * pages_per_request + keys // PAGE).to(tl.int64)
+        rows = page * stride_page + (keys % PAGE) * stride_tok
+        acc += tl.load(k_ptr + rows[:, None] + cols[None, :], cache_modifier=".cg").to(tl.float32)
+        acc += tl.load(v_ptr + rows[:, None] + cols[None, :], cache_modifier=".cg").to(tl.float32)
+    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(sm_ptr + pid, smid)
+    tl.store(out_ptr + w, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def block_order(cells_json=""):
+    """Does the order in which (request, KV head) programs are dispatched move a bandwidth-bound
+    decode? Per cell (Hq, Hkv, D, B, L, P): the read-only kernel (one KV head a program) with its
+    work in four orders - siblings (a request's KV heads neighbouring programs), requests (a head's
+    requests neighbouring: our decode grid's order), SM (a request's heads on one SM, from the
+    first launch's %smid) and sorted (siblings, each request's page ids in ascending order: the
+    locality a page table cannot promise) - and our decode as shipped and with the ``heads_first``
+    config knob forced off (requests on the grid's first axis) and on. Timed in order, then in
+    reverse order, best of the two for each."""
+    cells = [tuple(c) for c in json.loads(cells_json or "[[32,8,128,64,8192,1],[64,8,128,64,8192,1],"
+                                                      "[32,8,128,64,8192,16],[32,8,128,16,8192,1]]")]
+    for Hq, Hkv, D, B, L, P in cells:
+        case = bench_paged.make_case(B, Hkv, Hkv, D, L, P, DEV)
+        k, v, table = case["k"], case["v"], case["table"]
+        n = B * Hkv
+        sm = torch.zeros(n, dtype=torch.int32, device=DEV)
+        siblings = torch.arange(n, dtype=torch.int32, device=DEV)
+        requests = (torch.arange(n, device=DEV) % B * Hkv + torch.arange(n, device=DEV) // B).to(torch.int32)
+
+        out = torch.zeros(n, dtype=torch.float32, device=DEV)
+
+        def read(order, tab=table):
+            return lambda: _ordered_read_kernel[(n,)](k, v, tab, order, sm, out, L, tab.shape[1], Hkv,
+                                                      k.stride(0), k.stride(1), PAGE=P, D=D, BLOCK_N=64,
+                                                      num_warps=8, num_stages=2)
+
+        def spread(order):  # distinct SMs a request's heads ran on, averaged over requests
+            read(order)()
+            torch.cuda.synchronize()
+            owner = torch.empty_like(order)
+            owner[torch.arange(n, device=DEV)] = order // Hkv
+            return sum(len(set(sm[owner == b].tolist())) for b in range(B)) / B
+
+        # SM order: work w goes to the pid the hardware places with w's siblings (pids grouped by
+        # the SM they ran on in a probe launch; stable from launch to launch when all fit at once)
+        read(siblings)()
+        torch.cuda.synchronize()
+        by_sm = torch.argsort(sm.long() * n + torch.arange(n, device=DEV)).to(torch.int32)
+        sm_order = torch.empty_like(siblings)
+        sm_order[by_sm.long()] = siblings
+        sorted_table = torch.sort(table, dim=1).values.contiguous()
+        reads = {"siblings": read(siblings), "requests": read(requests), "sm": read(sm_order),
+                 "sorted": read(siblings, sorted_table)}
+        spreads = {name: spread(o) for name, o in (("siblings", siblings), ("requests", requests), ("sm", sm_order))}
+        run = paged_case(Hq, Hkv, D, B, L, P)
+        expected = run().clone()
+        requests_first = lambda: _forced(run, {"heads_first": 0})  # noqa: E731
+        first = lambda: _forced(run, {"heads_first": 1})  # noqa: E731
+        diff = max((f().float() - expected.float()).abs().max().item() for f in (first, requests_first))
+        ours_runs = {"ours": run, "ours heads_first=0": requests_first, "ours heads_first=1": first}
+        times = {name: float("inf") for name in list(reads) + list(ours_runs)}
+        everything = {**reads, **ours_runs}
+        for name in list(everything) + list(everything)[::-1]:
+            times[name] = min(times[name], us(everything[name]))
+        gb = 2 * B * L * Hkv * D * 2 / 1e3
+        print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: " + " | ".join(
+            f"{name} {t:.1f} us {gb / t:.0f} GB/s" for name, t in times.items())
+            + f" | SMs per request: " + " ".join(f"{k} {v:.2f}" for k, v in spreads.items())
+            + f" | heads_first 0/1 max|diff| {diff:.1e}", flush=True)
+
+
 def pdl():
     """The split combine launched programmatically (device.programmatic_launch: it starts while the
     attention kernel runs and waits in-kernel for the partials) against the ordinary launch, in one
@@ -552,5 +635,5 @@ if __name__ == "__main__":
     print(_device.describe()["device"])
     {"ceiling": ceiling, "combine": combine, "splits": splits, "q4": q4, "q4_rows": q4_rows, "waves": waves,
      "mla_batch": mla_batch, "mla_tiles": mla_tiles, "pa_tiles": pa_tiles, "read_ceiling": read_ceiling,
-     "gather_ceiling": gather_ceiling, "pdl": pdl, "wide_tiles": wide_tiles,
+     "gather_ceiling": gather_ceiling, "block_order": block_order, "pdl": pdl, "wide_tiles": wide_tiles,
      "ab_paged": ab_paged}[sys.argv[1]](*sys.argv[2:])

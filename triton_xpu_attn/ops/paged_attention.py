@@ -459,6 +459,7 @@ def _paged_attention_kernel(
     PREFETCH_PAGES: tl.constexpr = False,
     NUM_DV: tl.constexpr = 1,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
@@ -476,8 +477,14 @@ def _paged_attention_kernel(
         # the split combine, launched programmatically after this kernel, may start as soon as
         # every program of this grid has (it waits in-kernel for this grid's writes)
         tl.extra.cuda.gdc_launch_dependents()
-    pid_q = tl.program_id(0)
-    heads_pid = tl.program_id(1)
+    if HEADS_FIRST:
+        # grid (heads, query programs, splits): the KV heads of one request are neighbouring
+        # programs, dispatched together
+        pid_q = tl.program_id(1)
+        heads_pid = tl.program_id(0)
+    else:
+        pid_q = tl.program_id(0)
+        heads_pid = tl.program_id(1)
     if NUM_DV > 1:
         # the output channels split across NUM_DV programs of BLOCK_DV each (Intel GPUs at Dv > 256:
         # the whole [rows, Dv] accumulator beside the V tile spills): every program computes the
@@ -798,7 +805,7 @@ def _register_compile_variants():
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
-        HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1,  # the launcher asks for the prefetch on CUDA only
+        HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1, HEADS_FIRST=False,  # the launcher asks for the prefetch on CUDA only
         LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
@@ -1021,6 +1028,10 @@ def _heuristic_config(decode_like: bool, head_dim: int, work: int, page_size: in
         # noise (experiments/prefetch_pages_p1.txt); a config file may ask for it
         PREFETCH_PAGES=int(decode_like and max_q == 1 and _device.backend() == "cuda"
                            and ((page_size == 1 and head_dim == 128) or (very_wide and page_size < block_n))),
+        # one-query decode on CUDA: the grid's KV heads first, so a request's heads are neighbouring
+        # programs (H200, B = 64 8k keys: 64/8/128 P = 1 504.9 -> 501.8 us, 32/8/128 P = 16
+        # 501.2 -> 498.7, others level; experiments/block_order.txt)
+        heads_first=int(decode_like and max_q == 1 and _device.backend() == "cuda"),
     )
 
 
@@ -1495,6 +1506,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
             num_kv_splits, min_split_tokens,
         )
 
+    # a grid's second axis holds at most 65535 programs
+    heads_first = bool(config.get("heads_first", 0)) and num_q_programs + int(pad_rows) <= 65535
     # compile-time arguments, SPLIT_KV aside (it follows the final split count)
     constexprs = dict(
         Q_MAPPING=mapping,
@@ -1520,6 +1533,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         HAS_SEQUSED_Q=seqused_q is not None,
         PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 0)),
         LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
+        HEADS_FIRST=heads_first,
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
@@ -1560,6 +1574,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (out.stride(0), out.stride(1))
 
     grid = (num_q_programs + int(pad_rows), num_kv_heads * num_head_blocks * num_dv, splits)
+    if heads_first:
+        grid = (grid[1], grid[0], splits)
     with device_guard(device):
         _paged_attention_kernel[grid](*launch_args(partial_out, partial_lse, po_strides, pl_strides, splits), SPLIT_KV=split_kv, **constexprs)
         if split_kv:
