@@ -251,6 +251,34 @@ def paged_rows_descriptors(cache: torch.Tensor, page_size: int, row_width: int, 
     return [_device.tensor_descriptor(cache, [rows, row_width], [stride_row, 1], list(block)) for block in blocks]
 
 
+# Grid dependency control (programmatic dependent launch, device.programmatic_launch): Triton >= 3.4
+# has it in tl.extra.cuda. Triton resolves every attribute a kernel names when it hashes the kernel,
+# taken branch or not, so naming tl.extra.cuda.gdc_wait in a kernel fails to compile on a Triton
+# without it (triton-xpu 3.3) even behind a constexpr False. Kernels call these instead: the real
+# instructions where this Triton has them, else no-ops (their launches never ask for them there).
+_CUDA_EXTRA = getattr(getattr(tl, "extra", None), "cuda", None)
+if hasattr(_CUDA_EXTRA, "gdc_wait") and hasattr(_CUDA_EXTRA, "gdc_launch_dependents"):
+    @triton.jit
+    def gdc_wait():
+        """Wait until the grid this one was launched after has finished and its writes are visible."""
+        tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def gdc_launch_dependents():
+        """Let the grid launched after this one start (it waits in-kernel with gdc_wait)."""
+        tl.extra.cuda.gdc_launch_dependents()
+else:
+    @triton.jit
+    def gdc_wait():
+        """No-op: this Triton has no grid dependency control."""
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        """No-op: this Triton has no grid dependency control."""
+        pass
+
+
 @triton.jit
 def block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
                 TRANSPOSED: tl.constexpr):

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, next_power_of_2, register_xpu_compile
+from .._common import (FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, gdc_wait, next_power_of_2,
+                       register_xpu_compile)
 
 
 @triton.jit
@@ -69,7 +70,7 @@ def _combine_splits_kernel(
     if WAIT_PRIOR_GRID:
         # launched before the attention kernel that writes the partials has finished
         # (programmatic dependent launch): nothing is read before that kernel's writes are visible
-        tl.extra.cuda.gdc_wait()
+        gdc_wait()
     # one (row, head) and one BLOCK_DV slice of its output per program: a wide V (MLA's 512)
     # spreads over several programs instead of one program walking all of it
     n = tl.program_id(0).to(tl.int64)

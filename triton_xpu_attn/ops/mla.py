@@ -32,6 +32,7 @@ from .._common import (
     check_page_size,
     check_real,
     check_tensor,
+    gdc_launch_dependents,
     next_power_of_2,
     paged_rows_descriptors,
     tile_row,
@@ -165,7 +166,7 @@ def _mla_attention_kernel(
     if SPLIT and LAUNCH_DEPENDENTS:
         # the split combine, launched programmatically after this kernel, may start as soon as
         # every program of this grid has (it waits in-kernel for this grid's writes)
-        tl.extra.cuda.gdc_launch_dependents()
+        gdc_launch_dependents()
     NUM_DV: tl.constexpr = BLOCK_R // BLOCK_DV
     pid_m = tl.program_id(0)
     split = tl.program_id(1)

@@ -46,6 +46,7 @@ from .._common import (
     check_window,
     device_guard,
     dtype_names,
+    gdc_launch_dependents,
     interpreter_float32,
     next_power_of_2,
     online_max,
@@ -476,7 +477,7 @@ def _paged_attention_kernel(
     if SPLIT_KV and LAUNCH_DEPENDENTS:
         # the split combine, launched programmatically after this kernel, may start as soon as
         # every program of this grid has (it waits in-kernel for this grid's writes)
-        tl.extra.cuda.gdc_launch_dependents()
+        gdc_launch_dependents()
     if HEADS_FIRST:
         # grid (heads, query programs, splits): the KV heads of one request are neighbouring
         # programs, dispatched together
