@@ -461,7 +461,6 @@ def test_v_split_across_programs(kv_load, q_len, num_splits, page):
     check_lse(lse, lse_ref, torch.float32)
 
 
-
 @pytest.mark.parametrize("group,block_dv,num_splits,padding", [(4, 0, 0, 0), (12, 16, 3, 0), (3, 0, 1, 2), (12, 0, 2, 1)])
 def test_heads_first_grid_order(group, block_dv, num_splits, padding):
     """``heads_first`` (one-query decode on CUDA: the grid's KV heads on its first axis) changes

@@ -172,7 +172,7 @@ def test_matches_reference(batch, ndt, widths, dtypes, len_a_per_row, start_mode
 
 def test_wide_table_loops_over_column_tiles(monkeypatch):
     # cap the grid's column programs at 2 so each program handles several 1024-column tiles
-    monkeypatch.setattr(swa_spec, "_MAX_GRID_COLS", 2)
+    monkeypatch.setattr(swa_spec, "MAX_GRID_DIM_1", 2)
     gen = torch.Generator().manual_seed(0)
     table_a = torch.randint(0, 1000, (1, 3000), generator=gen, dtype=torch.int32)
     table_b = torch.randint(0, 1000, (2, 40), generator=gen, dtype=torch.int32)

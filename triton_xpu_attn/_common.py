@@ -26,6 +26,9 @@ FP8_DTYPES = tuple(
 )
 INDEX_DTYPES = (torch.int32, torch.int64)
 
+#: the most programs a launch grid's second axis may hold (CUDA's limit for grid dims 1 and 2)
+MAX_GRID_DIM_1 = 65535
+
 
 def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)

@@ -464,7 +464,6 @@ def block_order(cells_json=""):
         sm = torch.zeros(n, dtype=torch.int32, device=DEV)
         siblings = torch.arange(n, dtype=torch.int32, device=DEV)
         requests = (torch.arange(n, device=DEV) % B * Hkv + torch.arange(n, device=DEV) // B).to(torch.int32)
-
         out = torch.zeros(n, dtype=torch.float32, device=DEV)
 
         def read(order, tab=table):
@@ -475,8 +474,7 @@ def block_order(cells_json=""):
         def spread(order):  # distinct SMs a request's heads ran on, averaged over requests
             read(order)()
             torch.cuda.synchronize()
-            owner = torch.empty_like(order)
-            owner[torch.arange(n, device=DEV)] = order // Hkv
+            owner = order // Hkv  # the request program pid worked on
             return sum(len(set(sm[owner == b].tolist())) for b in range(B)) / B
 
         # SM order: work w goes to the pid the hardware places with w's siblings (pids grouped by
@@ -503,7 +501,7 @@ def block_order(cells_json=""):
         gb = 2 * B * L * Hkv * D * 2 / 1e3
         print(f"{Hq}/{Hkv}/{D} B={B} L={L} P={P}: " + " | ".join(
             f"{name} {t:.1f} us {gb / t:.0f} GB/s" for name, t in times.items())
-            + f" | SMs per request: " + " ".join(f"{k} {v:.2f}" for k, v in spreads.items())
+            + " | SMs per request: " + " ".join(f"{k} {v:.2f}" for k, v in spreads.items())
             + f" | heads_first 0/1 max|diff| {diff:.1e}", flush=True)
 
 

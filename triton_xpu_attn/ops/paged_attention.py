@@ -35,6 +35,7 @@ from .. import tune
 from .._common import (
     FLOAT_DTYPES,
     FP8_DTYPES,
+    MAX_GRID_DIM_1,
     block_rows,
     cdiv,
     check_bool,
@@ -806,8 +807,9 @@ def _register_compile_variants():
         HAS_V_DESCALE=False, SPLIT_KV=True, WRITE_LSE=False, DOT_PRECISION="tf32",
         k_desc=None, v_desc=None, KV_LOAD=0,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         HOIST_GATHER=False, SCORE_CHUNK=0, INTEL_GPU=True,  # as the launcher sets it on XPU
-        HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1, HEADS_FIRST=False,  # the launcher asks for the prefetch on CUDA only
+        HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1,  # the launcher asks for the prefetch on CUDA only
         LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
+        HEADS_FIRST=False,  # a CUDA grid order (one-query decode)
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -1507,8 +1509,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
             num_kv_splits, min_split_tokens,
         )
 
-    # a grid's second axis holds at most 65535 programs
-    heads_first = bool(config.get("heads_first", 0)) and num_q_programs + int(pad_rows) <= 65535
+    # the query programs move to the grid's second axis, which holds fewer
+    heads_first = bool(config.get("heads_first", 0)) and num_q_programs + int(pad_rows) <= MAX_GRID_DIM_1
     # compile-time arguments, SPLIT_KV aside (it follows the final split count)
     constexprs = dict(
         Q_MAPPING=mapping,

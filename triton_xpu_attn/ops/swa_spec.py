@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .._common import (
     INDEX_DTYPES,
+    MAX_GRID_DIM_1,
     cdiv,
     check_bool,
     check_positive_int,
@@ -24,8 +25,6 @@ from .._common import (
     register_xpu_compile,
 )
 from .page_table import _check_mapping, _translate_full_to_swa
-
-_MAX_GRID_COLS = 65535  # grid dimension 1 limit; wider tables loop inside the program
 
 
 @triton.jit
@@ -260,7 +259,7 @@ def prepare_swa_spec_page_table(
         return page_table_dst
 
     block = _block_for(width)
-    col_progs = min(cdiv(width, block), _MAX_GRID_COLS)
+    col_progs = min(cdiv(width, block), MAX_GRID_DIM_1)  # wider tables loop inside the program
     check_slots = validate and swa_pool_size is not None
     # placeholders (never dereferenced) for the pointers a variant does not use: no extra launches
     err = torch.zeros(rows * col_progs, dtype=torch.int32, device=device) if check_slots else seq_len_b
