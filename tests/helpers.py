@@ -82,3 +82,25 @@ def head_dim_pairs(max_dim: int = 512):
 
     any_dim = st.integers(1, max_dim // 8).map(lambda k: 8 * k)
     return st.one_of(st.sampled_from(COMMON_HEAD_DIMS), any_dim.map(lambda d: (d, d)), st.tuples(any_dim, any_dim))
+
+
+class GridRecorder:
+    """Stands in for a ``@triton.jit`` kernel of an ops module (``monkeypatch.setattr(module, name,
+    GridRecorder(kernel))``): records each launch's grid and checks it against CUDA's limits (axis
+    0 at most 2^31 - 1, axes 1 and 2 at most 65535) and, with ``max_programs``, against a test's
+    own bound, before the real kernel launches: a runaway grid fails at once instead of being
+    interpreted program by program. Everything else (``warmup``, ...) goes to the kernel."""
+
+    def __init__(self, kernel, max_programs: int | None = None):
+        self.kernel, self.max_programs, self.grids = kernel, max_programs, []
+
+    def __getitem__(self, grid):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.grids.append(grid)
+        assert 1 <= grid[0] <= 2**31 - 1 and 1 <= grid[1] <= 65535 and 1 <= grid[2] <= 65535, f"grid {grid}"
+        if self.max_programs is not None:
+            assert grid[0] * grid[1] * grid[2] <= self.max_programs, f"grid {grid}: over {self.max_programs} programs"
+        return self.kernel[grid]
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)

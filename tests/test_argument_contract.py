@@ -34,18 +34,20 @@ from triton_xpu_attn._common import check_bool, check_int, check_real, check_win
 
 NAN, INF = float("nan"), float("inf")
 
-#: malformed values of each kind of argument: wrong types (bool is not a number here, a tensor is
-#: not a Python scalar: reading it would sync with the host) and out-of-range or non-finite values
+#: malformed values of each kind of argument: wrong types (bool is not a number here, a float is
+#: not an int, a tensor of more than one element is not a scalar; a one-element tensor of the right
+#: kind is accepted, tests/test_upstream_scalars.py) and out-of-range or non-finite values
 BAD = {
-    "real": [NAN, INF, -INF, "abc", None, [1.0], torch.tensor(0.5), True],
-    "real_or_none": [NAN, INF, -INF, "abc", [1.0], torch.tensor(0.5), True],
-    "real_nonneg": [NAN, INF, -1.0, None, "0", True, torch.tensor(1.0)],
-    "bool": ["no", 1, 0, None, 1.0, torch.tensor(True)],
-    "window": [(1, 2, 3), None, (1.7, 0), (0, 2.0), (-2, 0), (0, -5), "ab", (0,), (None, 0), (True, 0)],
-    "int_nonneg": [-1, 2.5, "3", torch.tensor(3), True, None],
-    "int_or_none_nonneg": [-1, 2.5, "3", torch.tensor(3), True],
-    "int_positive": [0, -3, 2.5, "4", None, torch.tensor(4), True],
-    "int_any": [2.5, "3", torch.tensor(3), True, None],  # flash_mla_decode's num_kv_splits: < 1 is automatic
+    "real": [NAN, INF, -INF, "abc", None, [1.0], torch.tensor([0.5, 0.5]), torch.tensor(NAN), torch.tensor(True), True],
+    "real_or_none": [NAN, INF, -INF, "abc", [1.0], torch.tensor([0.5, 0.5]), torch.tensor(1j), True],
+    "real_nonneg": [NAN, INF, -1.0, None, "0", True, torch.tensor([1.0, 1.0]), torch.tensor(-1.0)],
+    "bool": ["no", 1, 0, None, 1.0, torch.tensor(1), torch.tensor([True, False])],
+    "window": [(1, 2, 3), None, (1.7, 0), (0, 2.0), (-2, 0), (0, -5), "ab", (0,), (None, 0), (True, 0),
+               torch.tensor([1, 2, 3]), torch.tensor(3), torch.tensor([1.0, 0.0]), (torch.tensor(1.5), 0)],
+    "int_nonneg": [-1, 2.5, "3", torch.tensor(3.0), torch.tensor([3, 3]), torch.tensor(-1), True, None],
+    "int_or_none_nonneg": [-1, 2.5, "3", torch.tensor(3.0), torch.tensor([3, 3]), True],
+    "int_positive": [0, -3, 2.5, "4", None, torch.tensor(4.0), torch.tensor(0), True],
+    "int_any": [2.5, "3", torch.tensor(3.0), torch.tensor([1, 1]), True, None],  # flash_mla_decode's num_kv_splits: < 1 is automatic
     "splits_prefill": [2, 2.5, "1", True, None],
     "tensor": ["list", 3.5, "x"],
 }
@@ -129,13 +131,15 @@ def test_validate_checks_max_seqlen_q_and_the_first_offset(op):
 
 
 def test_contract_helpers():
-    """The helpers themselves: numpy scalars pass, bools and tensors do not, ranges are inclusive."""
+    """The helpers themselves: numpy scalars and one-element tensors of the right kind pass, bools
+    (as numbers), floats (as ints) and larger tensors do not, ranges are inclusive."""
     np = pytest.importorskip("numpy")
     assert check_int(np.int64(3), "n", minimum=3) == 3 and check_int(None, "n", allow_none=True) is None
     assert check_real(np.float32(0.5), "x") == 0.5 and check_real(0, "x", minimum=0.0) == 0.0
     assert check_bool(False, "b") is False and check_window([-1, 0]) == (-1, 0)
+    assert check_int(torch.tensor(1), "n") == 1 and check_bool(np.bool_(True), "b") is True
     for call, error in [(lambda: check_int(True, "n"), TypeError), (lambda: check_real(True, "x"), TypeError),
-                        (lambda: check_real(math.nan, "x"), ValueError), (lambda: check_bool(np.bool_(True), "b"), TypeError),
-                        (lambda: check_window((-1, -2)), ValueError), (lambda: check_int(torch.tensor(1), "n"), TypeError)]:
+                        (lambda: check_real(math.nan, "x"), ValueError), (lambda: check_bool(np.int64(1), "b"), TypeError),
+                        (lambda: check_window((-1, -2)), ValueError), (lambda: check_int(torch.tensor(1.0), "n"), TypeError)]:
         with pytest.raises(error):
             call()

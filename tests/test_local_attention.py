@@ -501,3 +501,52 @@ def test_kernels_are_registered_for_the_xpu_compile_check():
 
     names = {getattr(v.kernel, "fn", v.kernel).__name__ for v in COMPILE_VARIANTS}
     assert {"_local_vb_count_kernel", "_local_vb_fill_kernel"} <= names
+
+
+# ---------------------------------------------------------------------------------------------
+# impossible lengths and absurd sizes: bounded outputs and grids
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("lengths", [
+    ([0, 2**31 - 1, 2**31 - 1], [2**31 - 1, 6]),  # a request of 2^31 - 1 queries (and keys)
+    ([0, 4, 2**31 - 1], [6, 2**31 - 1]),
+    ([0, 4, 14], [6, 2**30]),  # keys past the table, few queries: nothing to cut
+    ([0, 2**40, 2**41], [2**62, 2**40]),  # int64 only
+    ([0, -(2**31), 8], [-5, 2**31 - 1]),  # decreasing offsets, negative lengths
+])
+def test_eager_outputs_are_bounded_by_the_table(index_dtype, lengths, monkeypatch):
+    """Without max_virtual_batches V is read back: a request with 2^31 - 1 queries made cdiv(2^31, C)
+    virtual batches (gigabytes) before. V is now at most B * max(1, cdiv(max_pages * P, C)), what
+    the table can hold; more are cut as graph mode cuts (equal to a graph-mode call at that size,
+    and to the host path's result). The fill's grid stays small."""
+    from helpers import GridRecorder
+    from triton_xpu_attn.ops import local_attention as la
+
+    qsl, seq = lengths
+    if index_dtype == torch.int32 and any(abs(x) >= 2**31 for x in qsl + seq):
+        pytest.skip("int64 values")
+    monkeypatch.setattr(la, "_local_vb_fill_kernel", GridRecorder(la._local_vb_fill_kernel, max_programs=64))
+    chunk, page_size, max_pages = 4, 2, 5
+    bt = torch.arange(2 * max_pages, dtype=torch.int32).reshape(2, max_pages)
+    args = (chunk, torch.tensor(qsl, dtype=index_dtype), torch.tensor(seq, dtype=index_dtype))
+    bound = 2 * max(1, -(-max_pages * page_size // chunk))  # 6
+    got = make_local_attention_virtual_batches(*[_dev(a) for a in args], bt.to(DEVICE), page_size)
+    assert len(got[0]) <= bound and got[3].shape == (len(got[0]), chunk // page_size)
+    graph = make_local_attention_virtual_batches(
+        *[_dev(a) for a in args], bt.to(DEVICE), page_size, max_virtual_batches=len(got[0]))
+    assert _lists(got) == _lists(graph)
+    host = la._virtual_batches_on_host(args[1], args[2], bt, chunk, page_size, None, False, None)
+    assert _lists(got) == _lists(host)
+
+
+def test_absurd_chunk_and_max_virtual_batches_raise():
+    # a chunk of more pages than the fill's grid covers (65535 x 256), and more than 2^30 virtual
+    # batches (int32 offsets in the kernel): ValueError naming the argument, before any allocation
+    with pytest.raises(ValueError, match="attn_chunk_size / page_size must be at most"):
+        _call(attn_chunk_size=2**32)
+    with pytest.raises(ValueError, match="attn_chunk_size / page_size must be at most"):
+        _call(attn_chunk_size=2**33, page_size=2)
+    with pytest.raises(ValueError, match="max_virtual_batches must be at most"):
+        _call(max_virtual_batches=2**30 + 1)

@@ -391,3 +391,20 @@ def test_mla_decode_deepseek_bf16(heads, page_size, splits, q_len, prefetch):
     case = _make_case(gen, 3, q_len, heads, 512, 64, page_size, 1500, torch.bfloat16, None, True, False)
     config = None if prefetch else dict(PREFETCH_PAGES=0)  # the page-id prefetch of short pages on and off
     _run_and_check(*case, torch.bfloat16, splits, sm_scale=192**-0.5, config=config)
+
+
+@pytest.mark.parametrize("splits", [65536, 2**31 - 1, 2**40])
+def test_num_kv_splits_past_the_grid_limit_raises(splits):
+    """The splits are the grid's second axis (CUDA: at most 65535): a larger count raises naming
+    num_kv_splits (decode and the workspace query alike) instead of Triton's launch error."""
+    with pytest.raises(ValueError, match="num_kv_splits must be at most 65535"):
+        flash_mla_get_workspace_size(4096, 2, 3, 4, splits, head_dim_v=_R)
+    args = _valid_args()
+    args.update(num_kv_splits=splits, workspace=torch.zeros(256, dtype=torch.uint8))
+    args = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    with pytest.raises(ValueError, match="num_kv_splits must be at most 65535"):
+        flash_mla_decode(**args)
+    # the limit itself is accepted (sized, not launched: 65535 programs a row under the interpreter)
+    align = mla_mod._align
+    assert flash_mla_get_workspace_size(4096, 2, 3, 4, 65535, head_dim_v=16) == (
+        align(2 * 3 * 65535 * 16 * 4) + align(2 * 3 * 65535 * 4))

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, poison
+from helpers import DEVICE, GridRecorder, poison
 from triton_xpu_attn import normalize_page_table, translate_loc_from_full_to_swa
 from triton_xpu_attn import reference as ref
 
@@ -211,3 +211,114 @@ def test_empty_inputs_give_empty_results():
     assert got.shape == (0, 0)
     got = translate_loc_from_full_to_swa(torch.full((3,), -1, device=DEVICE), torch.zeros(0, 5, dtype=torch.int32, device=DEVICE))
     assert got.shape == (0, 5)
+
+
+# ---- impossible lengths and wide tables: bounded outputs and grids (validate-free op) ----
+
+
+@pytest.fixture
+def record_page_table_grid(monkeypatch):
+    from triton_xpu_attn.ops import page_table as pt
+
+    recorder = GridRecorder(pt._normalize_page_table_kernel)
+    monkeypatch.setattr(pt, "_normalize_page_table_kernel", recorder)
+    return recorder
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [2**31 - 1, 3],  # the compute-sanitizer case: 134M pages per row at P = 16 before
+        [40, 1000],  # past the table, but small: gigabytes at larger values
+        [-5, 3],  # negative: counts as 0
+        [-(2**31), -1],  # every length negative: width 0
+        [2**62, 0],  # int64 only (int32 takes the table's width the same way)
+        [2**63 - 1, 7],
+    ],
+)
+def test_default_width_clamps_impossible_lengths_to_the_table(index_dtype, lengths, record_page_table_grid):
+    """A length past req_to_token's width counts as that width, a negative one as 0: the default
+    width is at most cdiv(req_to_token.shape[1], P) pages and the rows are the table's."""
+    if index_dtype == torch.int32 and any(not -(2**31) <= n < 2**31 for n in lengths):
+        lengths = [max(min(n, 2**31 - 1), -(2**31)) for n in lengths]
+    page_size, width = 16, 37  # 3 pages, the last one partial
+    gen = torch.Generator().manual_seed(1)
+    req_to_token = torch.randint(-1, 10_000, (3, width), generator=gen, dtype=torch.int32)
+    req_pool_indices = torch.tensor([2, 0])
+    seq_lens = torch.tensor(lengths, dtype=index_dtype)
+    got = normalize_page_table(req_to_token.to(DEVICE), req_pool_indices.to(DEVICE), seq_lens.to(DEVICE), page_size)
+    clamped = [min(max(n, 0), width) for n in lengths]
+    expected_width = -(-max(clamped) // page_size)
+    assert got.shape == (2, expected_width) and expected_width <= 3
+    assert torch.equal(got.cpu(), _sglang_expression(req_to_token, req_pool_indices, page_size, expected_width))
+    assert torch.equal(ref.normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size), got.cpu())
+    assert all(grid[1] <= 1 for grid in record_page_table_grid.grids)  # 3 pages: one column program
+
+
+def test_impossible_lengths_with_a_mapping_and_bad_pool_indices():
+    # the length clamp composes with the translation and with a pool index outside the table (-1 row)
+    req_to_token = torch.arange(8, 16, dtype=torch.int32)[None].repeat(2, 1)
+    mapping = torch.zeros(18, dtype=torch.int64)
+    mapping[8:12] = torch.arange(4, 8)
+    mapping[12:16] = torch.arange(12, 16)
+    mapping[-1] = -1
+    got = normalize_page_table(
+        req_to_token.to(DEVICE), torch.tensor([0, 7], device=DEVICE),
+        torch.tensor([2**31 - 1, -3], dtype=torch.int32, device=DEVICE), 4, full_to_swa=mapping.to(DEVICE),
+    )
+    assert got.cpu().tolist() == [[1, 3], [-1, -1]]
+
+
+@pytest.mark.parametrize("use_out", [False, True])
+def test_max_pages_wider_than_the_table_is_zero_padded(use_out, record_page_table_grid):
+    """An explicit width is the caller's (the custom op's fake shape): kept, columns past the table
+    0, every element written (poisoned out), whatever seq_lens says."""
+    page_size, width, max_pages = 4, 10, 300  # 3 table pages, 297 columns of padding, 3 column tiles
+    gen = torch.Generator().manual_seed(2)
+    req_to_token = torch.randint(0, 1000, (2, width), generator=gen, dtype=torch.int32)
+    req_pool_indices = torch.tensor([1, 0, 5])
+    seq_lens = torch.tensor([2**31 - 1, -1, 4], dtype=torch.int32)
+    out = poison(torch.empty(3, max_pages, dtype=torch.int32, device=DEVICE)) if use_out else None
+    got = normalize_page_table(
+        req_to_token.to(DEVICE), req_pool_indices.to(DEVICE), seq_lens.to(DEVICE), page_size,
+        max_pages=None if use_out else max_pages, out=out,
+    )
+    assert got.shape == (3, max_pages)
+    assert use_out is (got is out)
+    expected = _sglang_expression(req_to_token, req_pool_indices.clamp(max=1), page_size, max_pages)
+    expected[2] = -1  # pool index 5 is outside req_to_token
+    assert torch.equal(got.cpu(), expected)
+    assert (got.cpu()[:2, 3:] == 0).all()
+    assert record_page_table_grid.grids == [(3, 3, 1)]
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_wide_table_loops_over_column_tiles(mapped, monkeypatch, record_page_table_grid):
+    """The grid's column axis is capped at MAX_GRID_DIM_1 (CUDA's 65535), a wider table looping
+    inside each program: capped at 2 here, so a 5-tile table needs 3 tiles in one program;
+    bitwise the same table."""
+    from triton_xpu_attn.ops import page_table as pt
+
+    monkeypatch.setattr(pt, "MAX_GRID_DIM_1", 2)
+    page_size, width = 2, 5 * 128 * 2 - 3  # 639 pages: 5 tiles of 128
+    gen = torch.Generator().manual_seed(3)
+    req_to_token = torch.randint(-1, 4000, (3, width), generator=gen, dtype=torch.int64)
+    req_pool_indices = torch.tensor([2, -1, 0, 1])
+    full_to_swa = None
+    if mapped:
+        full_to_swa = torch.randint(-1, 1000, (4001,), generator=gen, dtype=torch.int64)
+        full_to_swa[-1] = -1
+    seq_lens = torch.tensor([2**31 - 1, 5, 0, 100], dtype=torch.int32)
+    out = poison(torch.empty(4, 700, dtype=torch.int32, device=DEVICE))  # and 61 columns past the table
+    for kwargs in (dict(), dict(out=out)):  # the default width (the table's, from 2^31 - 1), then wider
+        got = normalize_page_table(
+            req_to_token.to(DEVICE), req_pool_indices.to(DEVICE), seq_lens.to(DEVICE), page_size,
+            full_to_swa=None if full_to_swa is None else full_to_swa.to(DEVICE), **kwargs,
+        )
+        cols = got.shape[1]
+        expected = _sglang_expression(req_to_token, req_pool_indices.clamp(min=0), page_size, cols, full_to_swa)
+        expected[1] = -1
+        assert cols == (639 if not kwargs else 700)
+        assert torch.equal(got.cpu(), expected)
+    assert [g[1] for g in record_page_table_grid.grids] == [2, 2]

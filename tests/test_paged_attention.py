@@ -674,3 +674,48 @@ def test_heads_first_heuristic_choice(monkeypatch, backend, decode_like, max_q, 
 
     monkeypatch.setattr(_device, "backend", lambda: backend)
     assert pa._heuristic_config(decode_like, 128, 16, 1, max_q).get("heads_first", 0) == expected
+
+
+@pytest.mark.parametrize("entry", ["paged", "varlen"])
+def test_absurd_max_seqlen_q_and_num_splits_keep_the_grid_bounded(entry, monkeypatch):
+    """max_seqlen_q = 2^31 - 1 (a user scalar nothing bounds) sizes the grid as total_q would: no
+    request has more rows than q (before: B x 2^31 / BLOCK_Q programs, past CUDA's axis-0 limit
+    from B = 64); num_splits past the grid's axis-2 limit is cut to it (MAX_GRID_DIM_1, 2 here).
+    Results equal the reference."""
+    from helpers import GridRecorder
+    from triton_xpu_attn.ops import paged_attention as pa
+
+    recorder = GridRecorder(pa._paged_attention_kernel, max_programs=4096)
+    monkeypatch.setattr(pa, "_paged_attention_kernel", recorder)
+    monkeypatch.setattr(pa, "MAX_GRID_DIM_1", 2)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(5, 2, 64, generator=gen)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    if entry == "paged":
+        k = torch.randn(6, 4, 1, 64, generator=gen)
+        v = torch.randn(6, 4, 1, 64, generator=gen)
+        seqlens = torch.tensor([9, 20], dtype=torch.int32)
+        table = torch.zeros(2, 64, dtype=torch.int32)  # 256 keys wide: several key tiles to split
+        table[:, :5] = torch.tensor([[5, 1, 3, 0, 0], [2, 4, 0, 1, 3]], dtype=torch.int32)
+        expected, _ = ref.paged_attention(q, k, v, seqlens, table, cu, causal=True)
+    else:
+        k = torch.randn(260, 1, 64, generator=gen)
+        v = torch.randn(260, 1, 64, generator=gen)
+        cu_k = torch.tensor([0, 9, 260], dtype=torch.int32)
+        expected, _ = ref.varlen_attention(q, k, v, cu, cu_k, causal=True)
+    for max_q, splits in ((2**31 - 1, 1), (2**31 - 1, 10**9), (3, 10**9)):
+        out = poison(torch.empty(5, 2, 64, device=DEVICE))
+        if entry == "paged":
+            flash_attn_with_kvcache(
+                q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
+                cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=max_q, num_splits=splits, causal=True, out=out,
+            )
+        else:
+            out = flash_attn_varlen_func(
+                q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cu.to(DEVICE), cu_k.to(DEVICE), max_q, 2**31 - 1,
+                num_splits=splits, causal=True, out=out,
+            )
+        assert_close(out, expected, torch.float32)
+        grid = recorder.grids[-1]
+        assert grid[2] == (1 if splits == 1 else 2)
+        assert max(grid[0], grid[1]) <= 2 * 5 + 1  # B x (tiles of total_q rows) + the padding program

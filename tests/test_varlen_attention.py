@@ -303,7 +303,7 @@ def _valid_args():
         (dict(seqused_q=torch.ones(3, dtype=torch.int32)), ValueError, "seqused_q must have shape"),
         (dict(qv=torch.zeros(3, 4, 64)), ValueError, "qv: "),
         (dict(q_descale=torch.ones(1)), ValueError, "q_descale: "),
-        (dict(max_seqlen_q=torch.tensor(2)), TypeError, "max_seqlen_q must be an int"),
+        (dict(max_seqlen_q=torch.tensor(2.0)), TypeError, "max_seqlen_q must be an int"),
         (dict(max_seqlen_k=2.5), TypeError, "max_seqlen_k must be an int"),
         (dict(max_seqlen_q=-1), ValueError, "max_seqlen_q must be >= 0"),
         (dict(window_size=(-2, 0)), ValueError, "window_size"),

@@ -10,6 +10,7 @@ import numbers
 import threading
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
 from . import device as _device  # first: selects the interpreter before triton is imported
@@ -109,17 +110,38 @@ def check_kernel_device(name: str, device: torch.device) -> None:
 
 # ---- the argument contract: every op checks its scalars through these (issue 29) ----
 # A scalar of the wrong type raises TypeError, one out of range or not finite ValueError, both
-# naming the argument. Tensors are refused where a Python scalar is expected: reading one would
-# sync with the host. bool is not an int here (``causal=1``, ``num_splits=True`` are mistakes).
+# naming the argument. A scalar may be a Python number, a numpy scalar or a one-element torch
+# tensor on any device, as upstream's wrappers hand on to their ops (sgl-kernel-xpu's tests pass
+# ``window_size = torch.randint(0, seqlen_k, (2,))``): reading a tensor's value is a host sync, so
+# graph paths pass Python numbers. bool is not a number here (``causal=1``, ``num_splits=True``
+# are mistakes), a float is not an int (``(1.7, 0)`` is not rounded), and a tensor of more than
+# one element is not a scalar.
+
+
+def _scalar(value: Any, name: str) -> tuple[Any, str]:
+    """``(the Python scalar value holds, what it was, for messages)``: the element of a one-element
+    torch tensor on any device (``.item()``, a device->host sync for a GPU tensor) or the value of
+    a numpy scalar; anything else as it is. ``ValueError`` naming ``name`` for a tensor of another
+    size."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar or a one-element tensor, got a tensor of shape {list(value.shape)}")
+        if value.is_meta:
+            raise ValueError(f"{name} is a meta tensor: it holds no value to read")
+        return value.item(), f"Tensor of dtype {dtype_names([value.dtype])}"
+    if isinstance(value, np.generic):
+        return value.item(), type(value).__name__
+    return value, type(value).__name__
 
 
 def _check_number(value: Any, name: str, kind: type, what: str, minimum, allow_none: bool):
-    """``value`` converted to ``int``/``float`` when it is a ``kind`` number (not a bool), finite and
-    at least ``minimum``; None where allowed."""
+    """``value`` (see ``_scalar``) converted to ``int``/``float`` when it is a ``kind`` number (not
+    a bool), finite and at least ``minimum``; None where allowed."""
     if value is None and allow_none:
         return None
+    value, got = _scalar(value, name)
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} must be {what}{' or None' if allow_none else ''}, got {type(value).__name__}")
+        raise TypeError(f"{name} must be {what}{' or None' if allow_none else ''}, got {got}")
     value = int(value) if kind is numbers.Integral else float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
@@ -129,25 +151,35 @@ def _check_number(value: Any, name: str, kind: type, what: str, minimum, allow_n
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
-    """``value`` as an int (a Python or numpy integer), at least ``minimum``; None where allowed."""
+    """``value`` as an int (a Python or numpy integer, or a one-element integer tensor on any
+    device: reading it syncs with the host), at least ``minimum``; None where allowed."""
     return _check_number(value, name, numbers.Integral, "an int", minimum, allow_none)
 
 
 def check_real(value: Any, name: str, *, minimum: float | None = None, allow_none: bool = False) -> float | None:
-    """``value`` as a finite float (a Python or numpy real number), at least ``minimum``; None
-    where allowed."""
+    """``value`` as a finite float (a Python or numpy real number, or a one-element integer or
+    float tensor on any device: reading it syncs with the host), at least ``minimum``; None where
+    allowed."""
     return _check_number(value, name, numbers.Real, "a real number", minimum, allow_none)
 
 
 def check_bool(value: Any, name: str) -> bool:
-    """``value`` as a bool: only ``True``/``False`` (``causal="no"`` is not true)."""
+    """``value`` as a bool: ``True``/``False``, a numpy bool or a one-element bool tensor (a host
+    sync); ``causal="no"`` and ``causal=1`` are not bools."""
+    value, got = _scalar(value, name)
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a bool, got {got}")
     return value
 
 
 def check_window(value: Any, name: str = "window_size") -> tuple[int, int]:
-    """A ``(left, right)`` attention window: two ints >= -1 (-1: unbounded on that side)."""
+    """A ``(left, right)`` attention window: two ints >= -1 (-1: unbounded on that side), as a
+    tuple or list of two scalars (``check_int``) or a tensor / numpy array of shape ``(2,)`` (a
+    host sync for a GPU tensor)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if tuple(value.shape) != (2,):
+            raise ValueError(f"{name} must be a (left, right) pair of ints, got a {type(value).__name__} of shape {list(value.shape)}")
+        value = tuple(value.cpu() if isinstance(value, torch.Tensor) else value)  # one read for both entries
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"{name} must be a (left, right) pair of ints, got {value!r}")
     left, right = (check_int(v, f"{name}[{i}]", minimum=-1) for i, v in enumerate(value))

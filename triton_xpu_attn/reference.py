@@ -205,12 +205,13 @@ def normalize_page_table(req_to_token, req_pool_indices, seq_lens, page_size, ma
     ``req_to_token[req_pool_indices][:, ::P][:, :max_pages] // P`` (Python's floor division) on
     every column that expression has, whatever ``seq_lens`` says, and 0 past ``req_to_token``'s
     width. ``full_to_swa`` translates each slot first (index -1 wraps to the last entry, as torch
-    indexing does; a slot outside the mapping gives -1). ``seq_lens`` only sizes the default width."""
+    indexing does; a slot outside the mapping gives -1). ``seq_lens`` only sizes the default width,
+    each length clamped to ``[0, req_to_token.shape[1]]`` (the width sglang's expression has)."""
     seq_lens = [int(x) for x in seq_lens]
-    if max_pages is None:
-        max_pages = -(-max(seq_lens, default=0) // page_size)
-    out = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     width = req_to_token.shape[1]
+    if max_pages is None:
+        max_pages = -(-max([min(max(n, 0), width) for n in seq_lens], default=0) // page_size)
+    out = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     for b in range(len(seq_lens)):
         row = req_to_token[int(req_pool_indices[b])]
         for p in range(min(-(-width // page_size), max_pages)):

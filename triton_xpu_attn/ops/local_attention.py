@@ -21,6 +21,7 @@ import triton.language as tl
 from .. import device as _device
 from .._common import (
     INDEX_DTYPES,
+    MAX_GRID_DIM_1,
     cdiv,
     check_bool,
     check_int,
@@ -41,6 +42,11 @@ _FUSED_MAX_BATCH = 1024  # graph mode counts inside the fill kernel up to this m
 # H100 sweep (chunk 8192, page 64; bench/results): B=64 10.5 -> 7.4 us, B=512 unchanged at 9.3.
 _FUSED_LOOKUP = 256  # lookup elements per program, but at least _FUSED_MIN_V virtual batches
 _FUSED_MIN_V = 4
+# Sizes a launch never exceeds, whatever the input (CUDA: grid axis 1 at most 65535 programs):
+# virtual batches, indexed with int32 program offsets in the fill kernel (2^30: far past any batch,
+# never near int32's end), and table pages per chunk (the fill's column programs x BLOCK_P <= 256)
+_MAX_VIRTUAL_BATCHES = 2**30
+_MAX_PAGES_PER_CHUNK = MAX_GRID_DIM_1 * 256
 
 
 @triton.jit
@@ -89,7 +95,8 @@ def _local_vb_count_kernel(
         b = start + offs
         nblk, inside = _virtual_batch_counts(query_start_loc_ptr, seq_lens_ptr, b, batch, chunk)
         inclusive = tl.cumsum(nblk, axis=0) + carry
-        tl.store(cu_nblk_ptr + 1 + b, inclusive.to(tl.int32), mask=inside)
+        # saturated, not wrapped, at int32's end (impossible lengths): V is read back and bounded
+        tl.store(cu_nblk_ptr + 1 + b, tl.minimum(inclusive, 2**31 - 1).to(tl.int32), mask=inside)
         carry += tl.sum(nblk, axis=0)
 
 
@@ -326,7 +333,8 @@ def make_local_attention_virtual_batches(
     Parameters
     ----------
     attn_chunk_size : int
-        ``C``, the attention chunk in tokens; a positive multiple of ``page_size``.
+        ``C``, the attention chunk in tokens; a positive multiple of ``page_size``, at most
+        ``65535 * 256`` pages (``ValueError`` past it: the fill's grid).
     query_start_loc : torch.Tensor or numpy.ndarray
         ``[B+1]`` int32/int64: cumulative query counts (``cu_seqlens_q``), non-decreasing.
         ``query_start_loc_np`` (sglang's keyword) is the same argument; give one of the two.
@@ -359,14 +367,18 @@ def make_local_attention_virtual_batches(
         If the batch needs more than ``M``, only the first ``M`` virtual batches are produced
         (``cu_seqlens_q_local[M]`` then ends before the last queries, whose outputs attention leaves
         unwritten); the call cannot report that without a sync, so check it with ``validate=True``
-        outside graph capture. Without ``max_virtual_batches`` (and ``out``), ``V`` is read back to
-        the host once to size the outputs (one device->host sync).
+        outside graph capture. At most 2^30 (``ValueError``). Without ``max_virtual_batches`` (and
+        ``out``), ``V`` is read back to the host once to size the outputs (one device->host sync).
     validate : bool
         Check the input on the host (syncs; not capturable) and raise ``ValueError`` for:
         a decreasing ``query_start_loc``, ``seq_lens[b] < q_len[b]``, a length beyond the table
         (``cdiv(seq_lens[b], P) > max_pages``), a used table entry (``block_table_local[v, j]``,
         ``j < cdiv(seqlens_k_local[v], P)``) outside ``[0, num_pages)``, and, in graph mode,
-        ``V > max_virtual_batches``. Without it such input gives unspecified (but in-bounds) output.
+        ``V > max_virtual_batches``. Without it such input gives unspecified (but in-bounds) output
+        of bounded size: without ``max_virtual_batches``, ``V`` is at most
+        ``B * max(1, cdiv(max_pages * P, C))``, what the table can hold (lengths past the table or
+        more queries than keys may need more: the outputs are cut there, as graph mode cuts at
+        ``max_virtual_batches``).
     num_pages : int, optional
         Pages in the KV pool, for ``validate`` (without it only negative entries are caught).
     out : tuple of torch.Tensor, optional
@@ -398,9 +410,8 @@ def make_local_attention_virtual_batches(
         raise TypeError("query_start_loc and seq_lens must both be numpy arrays or both be torch tensors")
     chunk = check_positive_int(attn_chunk_size, "attn_chunk_size")
     page_size = check_page_size(page_size)
-    if not isinstance(preserve_attn_chunk_size, (bool, np.bool_)):
-        raise TypeError(f"preserve_attn_chunk_size must be a bool, got {type(preserve_attn_chunk_size).__name__}")
-    check_bool(validate, "validate")
+    preserve_attn_chunk_size = check_bool(preserve_attn_chunk_size, "preserve_attn_chunk_size")
+    validate = check_bool(validate, "validate")
     num_pages = check_int(num_pages, "num_pages", minimum=0, allow_none=True)
     device = block_table.device
     # CPU inputs while the kernels run on a GPU: the host path (CPU in, CPU out)
@@ -427,10 +438,17 @@ def make_local_attention_virtual_batches(
     if chunk % page_size:
         raise ValueError(f"attn_chunk_size ({chunk}) must be a multiple of page_size ({page_size})")
     pages_per_chunk = chunk // page_size
+    if pages_per_chunk > _MAX_PAGES_PER_CHUNK:
+        raise ValueError(
+            f"attn_chunk_size / page_size must be at most {_MAX_PAGES_PER_CHUNK} pages (the fill's grid), got "
+            f"{chunk} / {page_size} = {pages_per_chunk}"
+        )
     if max_virtual_batches is not None:
         max_virtual_batches = check_int(max_virtual_batches, "max_virtual_batches", minimum=0)
     if out is not None:
         max_virtual_batches = _check_out(out, max_virtual_batches, pages_per_chunk, device)
+    if max_virtual_batches is not None and max_virtual_batches > _MAX_VIRTUAL_BATCHES:
+        raise ValueError(f"max_virtual_batches must be at most {_MAX_VIRTUAL_BATCHES}, got {max_virtual_batches}")
     if max_virtual_batches is not None and max_virtual_batches < batch:
         raise ValueError(
             f"max_virtual_batches ({max_virtual_batches}) must be at least the batch size {batch}: every request "
@@ -461,7 +479,8 @@ def make_local_attention_virtual_batches(
         else:
             cu_nblk.zero_()
         if max_virtual_batches is None:
-            num_out = int(cu_nblk[batch].item())  # the one host sync: V sizes the outputs
+            # the one host sync: V sizes the outputs, bounded by what block_table can hold
+            num_out = min(max(int(cu_nblk[batch].item()), 0), _eager_bound(batch, max_pages, page_size, chunk))
         else:
             num_out = max_virtual_batches
             if validate:
@@ -517,6 +536,15 @@ def make_local_attention_virtual_batches(
     return _finish(out, validate, page_size, num_pages, numpy_mode)
 
 
+def _eager_bound(batch: int, max_pages: int, page_size: int, chunk: int) -> int:
+    """Most virtual batches a call without ``max_virtual_batches`` makes: ``B * max(1, cdiv(max_pages
+    * P, C))``, what a table of ``max_pages`` pages can hold (a request whose lengths fit its table,
+    ``q <= s <= max_pages * P``, touches at most ``cdiv(s, C)`` chunks), and at most
+    ``_MAX_VIRTUAL_BATCHES``. Impossible lengths (``validate=True`` rejects them) may need more: the
+    outputs are then cut to this many, as graph mode cuts at ``max_virtual_batches``."""
+    return min(batch * max(1, cdiv(max_pages * page_size, chunk)), _MAX_VIRTUAL_BATCHES)
+
+
 def _finish(out: tuple, validate: bool, page_size: int, num_pages: int | None, numpy_mode: bool) -> tuple:
     """The four outputs as returned: checked with ``validate``; the three lengths as numpy arrays
     for numpy inputs (sglang's return types)."""
@@ -557,13 +585,17 @@ def _virtual_batches_on_host(query_start_loc, seq_lens, block_table, chunk: int,
     first = torch.minimum(chunk - (s - q).clamp_min(0) % chunk, q)
     nblk = 1 + (q - first + chunk - 1) // chunk
     last_k = torch.where(s > 0, (s - 1) % chunk + 1, torch.zeros_like(s))
-    needed = int(nblk.sum())
-    num_out = needed if max_virtual_batches is None else max_virtual_batches
+    needed = int(nblk.clamp(max=2**31 - 1).sum())  # (clamped: wild int64 lengths must not wrap the sum)
+    if max_virtual_batches is None:
+        num_out = min(needed, _eager_bound(batch, max_pages, page_size, chunk))
+    else:
+        num_out = max_virtual_batches
     if validate and needed > num_out:
         raise ValueError(f"the batch needs {needed} virtual batches, more than max_virtual_batches = {num_out}")
     v = torch.arange(num_out + 1)
     active = v < needed
-    b = torch.repeat_interleave(torch.arange(batch), nblk)[: num_out + 1]
+    # (each request's count capped at the rows kept: the repeat never allocates more than they need)
+    b = torch.repeat_interleave(torch.arange(batch), nblk.clamp(max=num_out + 1))[: num_out + 1]
     b = torch.cat([b, torch.zeros(num_out + 1 - b.shape[0], dtype=torch.long)])
     a = v - (torch.cumsum(nblk, 0) - nblk)[b] if batch else v
     zero = torch.zeros_like(v)

@@ -470,7 +470,7 @@ def split_queries(q_nope: torch.Tensor, q_pe: torch.Tensor | None, head_dim_v: i
             if width not in _KNOWN_SPLITS:
                 raise ValueError(f"q_nope holds combined queries of width {width}: pass head_dim_v (the latent width R)")
             head_dim_v = _KNOWN_SPLITS[width]
-        check_int(head_dim_v, "head_dim_v")
+        head_dim_v = check_int(head_dim_v, "head_dim_v")
         if not 0 < head_dim_v < width:
             raise ValueError(f"head_dim_v must be in [1, {width - 1}] for combined queries of width {width}, got {head_dim_v}")
         if q_nope.stride(-1) != 1:
@@ -481,7 +481,7 @@ def split_queries(q_nope: torch.Tensor, q_pe: torch.Tensor | None, head_dim_v: i
         check_tensor("q_pe", q_pe, dtypes=(dtype,), ndim=q_nope.dim())
         if tuple(q_pe.shape[:-1]) != lead:
             raise ValueError(f"q_pe must have shape [{', '.join(map(str, lead))}, Dr], got {list(q_pe.shape)}")
-        if head_dim_v is not None and head_dim_v != q_nope.shape[-1]:
+        if head_dim_v is not None and check_int(head_dim_v, "head_dim_v") != q_nope.shape[-1]:
             raise ValueError(f"head_dim_v ({head_dim_v}) must equal q_nope.shape[-1] ({q_nope.shape[-1]})")
         if q_nope.stride(-1) != 1:
             q_nope = q_nope.contiguous()

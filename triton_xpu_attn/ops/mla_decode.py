@@ -24,6 +24,7 @@ from .. import tune
 from .._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    MAX_GRID_DIM_1,
     cdiv,
     check_bool,
     check_int,
@@ -82,6 +83,16 @@ def _auto_splits(batch: int, rows: int, max_len: int, compute_units: int) -> int
     return max(1, min(fill, cdiv(length, _MIN_SPLIT_TOKENS), _MAX_AUTO_SPLITS))
 
 
+def _explicit_splits(num_kv_splits: int) -> int:
+    """A requested split count (> 0): at most ``MAX_GRID_DIM_1``, the splits' grid axis (CUDA's
+    65535); ``ValueError`` naming ``num_kv_splits`` past it (Triton's launch error otherwise)."""
+    if num_kv_splits > MAX_GRID_DIM_1:
+        raise ValueError(
+            f"num_kv_splits must be at most {MAX_GRID_DIM_1} (the launch grid's split axis), got {num_kv_splits}"
+        )
+    return num_kv_splits
+
+
 def _workspace_layout(rows_n: int, num_heads: int, splits: int, head_dim_v: int) -> tuple[int, int, int]:
     """(bytes of the partial outputs section, offset of the LSE section, total bytes)."""
     if splits <= 1:
@@ -120,8 +131,8 @@ def flash_mla_get_workspace_size(
         Tokens per page (a power of two 1..256), or 0 if unknown (the split count does not depend
         on it).
     num_kv_splits : int
-        1: no split (0 bytes); > 1: that many splits; <= 0: the automatic count of
-        ``flash_mla_decode``.
+        1: no split (0 bytes); > 1: that many splits (at most 65535); <= 0: the automatic count
+        of ``flash_mla_decode``.
     q_len : int
         New tokens per request (1 for plain decode; 2..4 for MTP / speculative decoding).
     head_dim_v : int
@@ -135,9 +146,11 @@ def flash_mla_get_workspace_size(
         Bytes: fp32 partial outputs ``[B * q_len, H, splits, R]`` and fp32 partial LSEs
         ``[B * q_len, H, splits]``, each section 256-byte aligned; 0 when ``splits == 1``.
     """
-    for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches), ("num_heads", num_heads),
-                    ("page_size", page_size), ("num_kv_splits", num_kv_splits), ("q_len", q_len), ("head_dim_v", head_dim_v)):
-        check_int(v, name)
+    max_seq_len, num_batches, num_heads, page_size, num_kv_splits, q_len, head_dim_v = (
+        check_int(v, name) for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches),
+                                           ("num_heads", num_heads), ("page_size", page_size),
+                                           ("num_kv_splits", num_kv_splits), ("q_len", q_len),
+                                           ("head_dim_v", head_dim_v)))
     if max_seq_len < 0 or num_batches < 0 or num_heads < 0:
         raise ValueError("max_seq_len, num_batches and num_heads must be non-negative")
     if page_size != 0:
@@ -156,7 +169,7 @@ def flash_mla_get_workspace_size(
         bound = cdiv(max_seq_len, page_size) * page_size if page_size else max_seq_len
         splits = _auto_splits(num_batches, q_len * num_heads, bound, _device.compute_units(device))
     else:
-        splits = num_kv_splits
+        splits = _explicit_splits(num_kv_splits)
     return _workspace_layout(num_batches * q_len, num_heads, splits, head_dim_v)[2]
 
 
@@ -240,8 +253,9 @@ def flash_mla_decode(
     sm_scale : float
         Softmax scale applied to the full ``R + Dr`` dot (DeepSeek: ``192 ** -0.5``).
     num_kv_splits : int
-        1: one pass, no workspace (sglang's call); > 1: that many KV splits merged by a
-        combine kernel; <= 0: automatic, from the device's compute units, ``B x H x S`` and
+        1: one pass, no workspace (sglang's call); > 1: that many KV splits (at most 65535, the
+        launch grid's limit; more raise ``ValueError``) merged by a combine kernel; <= 0:
+        automatic, from the device's compute units, ``B x H x S`` and
         ``page_table.shape[1] * page_size``.
     return_lse : bool
         Also return the natural-log LSE of the scaled logits.
@@ -281,7 +295,7 @@ def flash_mla_decode(
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table must have {batch} rows (one per request), got shape {list(page_table.shape)}")
     sm_scale = check_sm_scale(sm_scale)
-    check_int(num_kv_splits, "num_kv_splits")
+    num_kv_splits = check_int(num_kv_splits, "num_kv_splits")
     if workspace is not None:
         check_tensor("workspace", workspace, ndim=1)
     device = check_same_device(
@@ -292,14 +306,15 @@ def flash_mla_decode(
         validate_lengths_and_pages("seq_lens", seq_lens, page_table, page_size, cache.shape[0])
 
     out = torch.empty((*lead, R), dtype=dtype, device=device)
-    lse = torch.empty(lead, dtype=torch.float32, device=device) if check_bool(return_lse, "return_lse") else None
+    return_lse = check_bool(return_lse, "return_lse")
+    lse = torch.empty(lead, dtype=torch.float32, device=device) if return_lse else None
     rows = q_len * num_heads
     max_pages = page_table.shape[1]
     compute_units = _device.compute_units(device)
     if num_kv_splits <= 0:
         splits = _auto_splits(batch, rows, max_pages * page_size, compute_units)
     else:
-        splits = num_kv_splits
+        splits = _explicit_splits(num_kv_splits)
     _, lse_offset, need = _workspace_layout(batch * q_len, num_heads, splits, R)
     if need > 0:
         have = 0 if workspace is None else workspace.numel() * workspace.element_size()

@@ -99,9 +99,10 @@ def flash_mla_prefill_get_workspace_size(
     int
         0.
     """
-    for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches), ("num_heads", num_heads),
-                    ("page_size", page_size), ("num_kv_splits", num_kv_splits)):
-        check_int(v, name)
+    max_seq_len, num_batches, num_heads, page_size, num_kv_splits = (
+        check_int(v, name) for name, v in (("max_seq_len", max_seq_len), ("num_batches", num_batches),
+                                           ("num_heads", num_heads), ("page_size", page_size),
+                                           ("num_kv_splits", num_kv_splits)))
     if max_seq_len < 0 or num_batches < 0 or num_heads < 0:
         raise ValueError("max_seq_len, num_batches and num_heads must be non-negative")
     if page_size != 0:
@@ -110,13 +111,14 @@ def flash_mla_prefill_get_workspace_size(
     return 0
 
 
-def _check_splits(num_kv_splits) -> None:
-    check_int(num_kv_splits, "num_kv_splits")
+def _check_splits(num_kv_splits) -> int:
+    num_kv_splits = check_int(num_kv_splits, "num_kv_splits")
     if num_kv_splits > 1:
         raise ValueError(
             f"num_kv_splits={num_kv_splits}: flash_mla_prefill does not split the keys (its query tiles fill the "
             "device); pass -1, 0 or 1"
         )
+    return num_kv_splits
 
 
 def _heuristic_config(head_dim_v: int, dtype: torch.dtype) -> dict:
@@ -254,7 +256,8 @@ def flash_mla_prefill(
         validate_lengths_and_pages("seq_lens_k", seq_lens_k, page_table, page_size, cache.shape[0])
 
     out = torch.empty((total_q, num_heads, R), dtype=dtype, device=device)
-    lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if check_bool(return_lse, "return_lse") else None
+    return_lse = check_bool(return_lse, "return_lse")
+    lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if return_lse else None
     if total_q == 0 or num_heads == 0:
         return (out, lse) if return_lse else out
     if cache.shape[0] == 0:  # no page to read (any length is then impossible): no key anywhere

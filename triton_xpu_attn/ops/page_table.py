@@ -13,6 +13,7 @@ import triton.language as tl
 
 from .._common import (
     INDEX_DTYPES,
+    MAX_GRID_DIM_1,
     cdiv,
     check_page_size,
     check_same_device,
@@ -54,23 +55,27 @@ def _normalize_page_table_kernel(
     """``out[b, p] = req_to_token[req_pool_indices[b], p * P] // P`` (floor division, the slot
     translated first with a mapping) for every column inside ``req_to_token``; 0 past its width; a
     pool index outside ``req_to_token``'s rows is never followed: its row is -1 (a page id outside
-    any pool, which the attention ops turn into NaN rows)."""
+    any pool, which the attention ops turn into NaN rows). Program column ``c`` handles column
+    tiles c, c + ncols, ...: the grid's second axis stays within its limit however wide ``out``."""
     b = tl.program_id(0)
-    pages = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
     row_ok = (row >= 0) & (row < rt_rows)
-    first_token = pages.to(tl.int64) * PAGE_SIZE
-    valid = first_token < rt_width
-    slot = tl.load(req_to_token_ptr + tl.where(row_ok, row, 0) * stride_rt_row + first_token * stride_rt_col,
-                   mask=valid, other=0)
-    if HAS_MAPPING:
-        slot = _translate_full_to_swa(slot, full_to_swa_ptr, mapping_len)
-    # floor division, as torch's `//` (-1, an untranslatable slot, stays -1); written on positive
-    # operands only, since compiled Triton truncates a negative quotient
-    page = tl.where(slot < 0, -((PAGE_SIZE - 1 - slot) // PAGE_SIZE), slot // PAGE_SIZE)
-    page = tl.where(valid, page, 0)
-    page = tl.where(row_ok, page, -1)
-    tl.store(out_ptr + b.to(tl.int64) * stride_out_row + pages, page.to(tl.int32), mask=pages < max_pages)
+    rt_row = req_to_token_ptr + tl.where(row_ok, row, 0) * stride_rt_row
+    out_row = out_ptr + b.to(tl.int64) * stride_out_row
+    step = tl.num_programs(1).to(tl.int64) * BLOCK
+    for p0 in range(tl.program_id(1).to(tl.int64) * BLOCK, max_pages, step):
+        pages = p0 + tl.arange(0, BLOCK).to(tl.int64)  # 64-bit: no wrap near a width of 2^31
+        first_token = pages * PAGE_SIZE
+        valid = first_token < rt_width
+        slot = tl.load(rt_row + first_token * stride_rt_col, mask=valid, other=0)
+        if HAS_MAPPING:
+            slot = _translate_full_to_swa(slot, full_to_swa_ptr, mapping_len)
+        # floor division, as torch's `//` (-1, an untranslatable slot, stays -1); written on positive
+        # operands only, since compiled Triton truncates a negative quotient
+        page = tl.where(slot < 0, -((PAGE_SIZE - 1 - slot) // PAGE_SIZE), slot // PAGE_SIZE)
+        page = tl.where(valid, page, 0)
+        page = tl.where(row_ok, page, -1)
+        tl.store(out_row + pages, page.to(tl.int32), mask=pages < max_pages)
 
 
 @triton.jit
@@ -163,13 +168,20 @@ def normalize_page_table(
         id the attention ops never follow either: their rows for it are NaN).
     seq_lens : torch.Tensor
         ``[B]`` int32/int64: KV length of each request (tokens, including new ones); only sizes
-        the default width.
+        the default width. The values are not checked (no ``validate``): a length past
+        ``req_to_token``'s width (impossible metadata: 2^31 - 1, a huge int64) is clamped to that
+        width and a negative one to 0, so the default width never exceeds the
+        ``cdiv(req_to_token.shape[1], page_size)`` pages the table can hold (the rows are what
+        the table holds, as for any length) and no impossible length sizes a larger allocation
+        or grid.
     page_size : int
         Tokens per page, a power of two from 1 to 2048.
     max_pages : int, optional
-        Width of the result. Default ``cdiv(max(seq_lens), page_size)`` (sglang's width), which
-        reads ``seq_lens`` on the host; give ``max_pages`` (or ``out``) to keep the call free of
-        host syncs.
+        Width of the result. Default ``cdiv(max(seq_lens), page_size)`` with the lengths clamped
+        as above, i.e. at most ``cdiv(req_to_token.shape[1], page_size)`` (sglang's expression is
+        never wider either; 0 for an empty batch), which reads ``seq_lens`` on the host; give
+        ``max_pages`` (or ``out``) to keep the call free of host syncs. An explicit width is
+        kept: columns past the table are 0.
     out : torch.Tensor, optional
         ``[B, max_pages]`` int32 destination (last dim contiguous); every element is written.
     full_to_swa : torch.Tensor, optional
@@ -200,7 +212,11 @@ def normalize_page_table(
             raise ValueError(f"max_pages ({max_pages}) must equal out.shape[1] ({out.shape[1]})")
         max_pages = out.shape[1]
     elif max_pages is None:
-        max_pages = cdiv(int(seq_lens.max().item()), page_size) if batch else 0
+        # sglang's width, read on the host (the documented sync), clamped to what req_to_token
+        # holds before it sizes anything: an impossible length (2^31 - 1, -5) must not size the
+        # allocation or the grid
+        longest = int(seq_lens.max().item()) if batch else 0
+        max_pages = min(max(cdiv(longest, page_size), 0), cdiv(req_to_token.shape[1], page_size))
     if isinstance(max_pages, bool) or not isinstance(max_pages, int) or max_pages < 0:
         raise ValueError(f"max_pages must be a non-negative int, got {max_pages!r}")
     if out is None:
@@ -208,9 +224,10 @@ def normalize_page_table(
     if batch == 0 or max_pages == 0:
         return out
     block = 128
+    col_progs = min(cdiv(max_pages, block), MAX_GRID_DIM_1)  # wider tables loop inside the program
     mapping = full_to_swa if full_to_swa is not None else out  # placeholder pointer, never read
     with device_guard(device):
-        _normalize_page_table_kernel[(batch, cdiv(max_pages, block))](
+        _normalize_page_table_kernel[(batch, col_progs)](
             req_to_token,
             req_to_token.stride(0),
             req_to_token.stride(1),

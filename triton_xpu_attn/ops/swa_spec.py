@@ -212,7 +212,7 @@ def prepare_swa_spec_page_table(
     tables = dict(page_table_dst=page_table_dst, page_table_a=page_table_a, page_table_b=page_table_b)
     for name, t in tables.items():
         check_tensor(name, t, dtypes=INDEX_DTYPES, ndim=2)
-    check_positive_int(num_draft_tokens, "num_draft_tokens")
+    num_draft_tokens = check_positive_int(num_draft_tokens, "num_draft_tokens")
     check_tensor("seq_len_b", seq_len_b, dtypes=INDEX_DTYPES, ndim=1)
     rows = seq_len_b.shape[0]
     if rows % num_draft_tokens:
@@ -243,9 +243,9 @@ def prepare_swa_spec_page_table(
         )
     if full_to_swa is not None:
         _check_mapping(full_to_swa)
-    check_bool(validate, "validate")
+    validate = check_bool(validate, "validate")
     if swa_pool_size is not None:
-        check_positive_int(swa_pool_size, "swa_pool_size")
+        swa_pool_size = check_positive_int(swa_pool_size, "swa_pool_size")
         if not validate:
             raise ValueError("swa_pool_size is only used with validate=True")
     device = check_same_device(

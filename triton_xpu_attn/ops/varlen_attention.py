@@ -99,8 +99,8 @@ def flash_attn_varlen_func(
         ``k``/``v``. Rows of ``q`` past ``cu_seqlens_q[B]`` (padding) give 0 and LSE ``-inf``.
     max_seqlen_q : int or None
         Longest query length (a promise, as in FlashAttention: it sizes the grid; rows beyond it
-        are not computed, ``validate=True`` checks it). None or 0: requests are found by a binary
-        search on the device instead.
+        are not computed, ``validate=True`` checks it; a value above ``total_q`` counts as
+        ``total_q``). None or 0: requests are found by a binary search on the device instead.
     max_seqlen_k : int or None
         Longest key length: a hint for the split count only (any value gives correct results);
         None or 0 means ``total_k``.

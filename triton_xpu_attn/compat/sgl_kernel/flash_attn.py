@@ -77,9 +77,9 @@ def flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin,
         cache_seqlens=cache_seqlens, page_table=page_table, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
-        max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k, rotary_seqlens=rotary_seqlens,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, rotary_seqlens=rotary_seqlens,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale,
-        sinks=sinks, causal=causal, window_size=tuple(window_size), softcap=softcap or 0.0,
+        sinks=sinks, causal=causal, window_size=window_size, softcap=0.0 if softcap is None else softcap,
         rotary_interleaved=rotary_interleaved, scheduler_metadata=scheduler_metadata, num_splits=num_splits,
         pack_gqa=pack_gqa, sm_margin=sm_margin, return_softmax_lse=return_softmax_lse, out=out,
     )
@@ -119,8 +119,8 @@ def flash_attn_varlen_func(
     result = _root.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
-        qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, window_size=tuple(window_size),
-        softcap=softcap or 0.0, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin,
+        qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, window_size=window_size,
+        softcap=0.0 if softcap is None else softcap, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin,
         return_softmax_lse=return_softmax_lse,
     )
     return _sgl_result(result, return_softmax_lse)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 import triton_xpu_attn as _root
+from triton_xpu_attn._common import check_int, check_real, check_window
 
 __all__ = ["flash_attn_varlen_func"]
 
@@ -118,7 +119,7 @@ def flash_attn_varlen_func(
         if not ok:
             raise ValueError(f"{name}={value!r} is not supported by triton_xpu_attn's flash_attn_varlen_func")
     window_size = (-1, -1) if window_size is None else window_size  # entries checked by the op (ints >= -1)
-    softcap = softcap or 0.0
+    softcap = 0.0 if softcap is None else softcap
     splits = num_splits if num_splits_kv is None else num_splits_kv
     if seqused_k is None and host_kv_lens is not None:
         seqused_k = torch.as_tensor(host_kv_lens, dtype=torch.int32).to(q.device, non_blocking=True)
@@ -152,13 +153,15 @@ def _latent_attention(q, kv_cache, v, max_seqlen_q, cu_seqlens_q, seqused_k, blo
                       window_size, softcap, sinks, k_descale, v_descale, return_softmax_lse, out):
     """vLLM's MLA call (latent cache, V = its first Dv channels) on our MLA kernels."""
     for name, ok in (
-        ("window_size", tuple(window_size) == (-1, -1)), ("softcap", not softcap), ("s_aux", sinks is None),
+        ("window_size", check_window(window_size) == (-1, -1)),
+        ("softcap", not check_real(softcap, "softcap", minimum=0.0)), ("s_aux", sinks is None),
         ("k_descale", k_descale is None), ("v_descale", v_descale is None),
     ):
         if not ok:
             raise ValueError(f"{name} is not supported with the MLA latent cache (k [blocks, P, 1, R + Dr], v = k[..., :R])")
     head_dim_v = v.shape[-1]
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_real(softmax_scale, "softmax_scale")
+    max_seqlen_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0)
     batch = block_table.shape[0]
     if max_seqlen_q == 1 and q.shape[0] == batch:
         # one query per request: decode (no mask to apply), automatic KV splits with a fresh workspace
