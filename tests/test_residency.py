@@ -1,17 +1,19 @@
-"""The decode-residency guard (issue 30 item 1), on an NVIDIA GPU: every decode and draft case of
-the paged benchmark's grid keeps as many programs per SM as the committed record
-(bench/results/<device>/decode_residency.json) says, with no more spills. A kernel change that
-grows registers across an occupancy step fails here, naming the case, before anyone times it."""
+"""The residency guard, on an NVIDIA GPU: every decode and draft case of the paged benchmark's grid,
+and every prefill tile (head dims 64-512, pages 1/16/64, with and without a window), keeps as many
+programs per SM as the committed records (bench/results/<device>/{decode,prefill}_residency.json)
+say, with no more spills. A kernel change that grows registers across an occupancy step fails
+here, naming the case, before anyone times it."""
 import pytest
 
 from triton_xpu_attn import device as _device
 
 
 @pytest.mark.skipif(_device.backend() != "cuda", reason="reads compiled CUDA kernels")
-def test_decode_residency_not_worse_than_record():
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_residency_not_worse_than_record(kind):
     from bench import residency
 
-    what, worse = residency.check()
+    what, worse = residency.check(kind)
     if what.startswith("no record") or " is for Triton " in what:
         pytest.skip(what)
     assert not worse, "\n".join([what] + worse)

@@ -14,6 +14,7 @@ q and out live inside larger buffers whose guard rows must come back untouched. 
 ``bench/experiments/memcheck_fuzz.py`` (compute-sanitizer); these run anywhere."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -133,6 +134,37 @@ def test_request_longer_than_max_seqlen_q_gets_nan(device):
     assert not torch.isnan(lse[:, : len(written)]).any()
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_long_requests_past_the_first_128_get_nan(device, num_splits):
+    """The padding program finds the requests longer than max_seqlen_q 128 at a time: one in the
+    second chunk (request 129 of 131) gets NaN past the grid's rows, its neighbours stay exact,
+    with and without KV splits (NaN partials combine to NaN)."""
+    torch.manual_seed(4)
+    page_size, max_q, batch, long_request = 16, 2, 131, 129
+    q_lens = [1] * batch
+    q_lens[long_request] = 9
+    cu = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=device)
+    total_q = int(cu[-1])
+    k = torch.randn(3, page_size, H_KV, D, device=device)
+    table = torch.tensor([[0, 1]] * batch, dtype=torch.int32, device=device)
+    lens = torch.full((batch,), 20, dtype=torch.int32, device=device)
+    q = torch.randn(total_q, H_Q, D, device=device)
+    out = torch.zeros(total_q, H_Q, D, device=device)
+    _, lse = ours.flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, page_table=table, cu_seqlens_q=cu,
+                                         max_seqlen_q=max_q, causal=True, out=out, return_softmax_lse=True,
+                                         num_splits=num_splits)
+    ref, _ = reference.paged_attention(q, k, k, lens, table, cu, causal=True)
+    nan_rows = torch.isnan(out).all(dim=(1, 2))
+    start = int(cu[long_request])
+    owned = int((~nan_rows[start:start + 9]).sum())
+    assert owned >= max_q and nan_rows[start + owned:start + 9].all()
+    assert torch.isnan(lse[:, start + owned:start + 9]).all()
+    exact = torch.ones(total_q, dtype=torch.bool)
+    exact[start + owned:start + 9] = False
+    assert not nan_rows[exact].any()
+    assert_close(out[exact], ref[exact], torch.float32)
+
+
 @pytest.mark.parametrize("cu_k", [(0, 2, 50), (0, -4, 6), (0, 6, 3)])
 def test_key_slice_outside_k_is_empty(device, cu_k):
     torch.manual_seed(3)
@@ -244,15 +276,15 @@ def test_mla_empty_cache_has_no_keys(device):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_intel_code_paths_give_the_same_results(device, monkeypatch, page_size):
-    """The launcher's Intel-GPU code-generation choices (INTEL_GPU: 64-bit page clamp on gathers,
-    NaN rows past max_seqlen_q before the key loop on prefill tiles) give the same results."""
+    """The launcher's Intel-GPU code-generation choices (INTEL_GPU: 64-bit page clamp on gathers)
+    give the same results, NaN rows past max_seqlen_q included."""
     from triton_xpu_attn import device as device_mod
     from triton_xpu_attn.ops import paged_attention
 
     if device_mod.backend() != "interpreter":
         pytest.skip("the Intel choices are forced through the interpreter's launcher")
     torch.manual_seed(7)
-    q_len, kv_len, max_q = 96, 96, 20  # max_q > 16: prefill tiles (NaN rows before the key loop on Intel)
+    q_len, kv_len, max_q = 96, 96, 20  # max_q > 16: prefill tiles
     num_pages = kv_len // page_size + 1
     k = torch.randn(num_pages, page_size, H_KV, D, device=device)
     table = torch.arange(kv_len // page_size, dtype=torch.int32, device=device).view(1, -1)

@@ -4,12 +4,16 @@ module inside today's package and cannot load a copy many commits old).
 
     # package trees: git archive REV triton_xpu_attn autotune_configs | tar -x -C trees/REV
     python3 bench/experiments/tree_timing.py [--cases 64/32/8/128/8192/16,64/64/8/128/8192/16/4,...] [--out DIR] TREE...
+    # prefill as engines and the peers call it (ragged q [B * Q, Hq, D] with cu_seqlens_q):
+    python3 bench/experiments/tree_timing.py --ragged --cases 4/32/8/64/4096/64/4096 TREE...
     # config candidates on one tree (tune.override, JSON per candidate):
     python3 bench/experiments/tree_timing.py --configs '{"num_warps": 2}' '{"BLOCK_N": 32}' -- TREE
 
 Each tree runs in a child with only that tree on ``PYTHONPATH``: ``flash_attn_with_kvcache`` on
 bench_paged_attention's case (random page permutation, full lengths, bf16), captured in a CUDA
-graph, median of ``do_bench``. The children run in the order given, then once more in reverse
+graph, median of ``do_bench``. ``--ragged``: q given ragged ``[B * Q, Hq, D]`` with ``cu_seqlens_q``
+and ``max_seqlen_q`` (the launcher's per-request query mapping; the default ``[B, Q, Hq, D]`` takes
+the uniform one, a different kernel specialization). The children run in the order given, then once more in reverse
 (the faster of the two kept per case; ``--once``: one pass), so drift does not read as a regression. With
 ``--out``, the PTX and the register / spill / shared-memory counts of every kernel a child compiled
 are written there (``TREE/KERNEL.ptx``), to diff the code of two versions.
@@ -29,7 +33,7 @@ import torch
 import triton_xpu_attn as tx
 from triton.testing import do_bench
 
-cases, forced, out_dir = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+cases, forced, out_dir, ragged = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 dev = torch.device("cuda")
 rows = {}
 for text in cases:
@@ -42,8 +46,12 @@ for text in cases:
     v = torch.randn(num_pages, P, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
     q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16, generator=g).expand(B, q_len, Hq, D).contiguous()
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    extra = {}
+    if ragged:
+        q = q.view(B * q_len, Hq, D)
+        extra = dict(cu_seqlens_q=torch.arange(B + 1, device=dev, dtype=torch.int32) * q_len, max_seqlen_q=q_len)
     run = lambda: tx.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table,
-                                             softmax_scale=D**-0.5, causal=True)
+                                             softmax_scale=D**-0.5, causal=True, **extra)
     for name, config in forced.items() or [("shipped", None)]:
         if config is not None:
             from triton_xpu_attn import tune
@@ -87,10 +95,11 @@ print("RESULT " + json.dumps(dict(rows=rows, kernels=kernels)))
 """
 
 
-def run_tree(tree: str, cases: list[str], configs: dict, out: str | None) -> dict:
+def run_tree(tree: str, cases: list[str], configs: dict, out: str | None, ragged: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(tree).resolve()))
     out_dir = os.path.join(out, pathlib.Path(tree).name) if out else ""
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases), json.dumps(configs), out_dir],
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases), json.dumps(configs), out_dir,
+                           str(int(ragged))],
                           env=env, capture_output=True, text=True, cwd="/")
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -106,13 +115,14 @@ def main(argv=None) -> None:
     parser.add_argument("--configs", nargs="*", default=[], help="JSON configs forced with tune.override")
     parser.add_argument("--out", default=None, help="folder for each tree's PTX and kernel counts")
     parser.add_argument("--once", action="store_true", help="one pass (no reverse pass): a bisect of a large step")
+    parser.add_argument("--ragged", action="store_true", help="q ragged with cu_seqlens_q (as engines call prefill)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     configs = {c: json.loads(c) for c in args.configs}
     best: dict = {}
     for tree in args.trees + ([] if args.once else args.trees[::-1]):
         try:
-            result = run_tree(tree, cases, configs, args.out)
+            result = run_tree(tree, cases, configs, args.out, args.ragged)
         except RuntimeError as exc:
             print(str(exc)[:3000], flush=True)
             continue

@@ -386,15 +386,57 @@ def _descriptor_tiles(
 
 
 @triton.jit
-def _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
+def _nan_rows_past_grid(cu_seqlens_q_ptr, batch, tiles_per_request, kv_head, head_block, dv, split, total_q,
+                        group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h, stride_lse_t,
+                        partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr, stride_pl_t,
+                        stride_pl_h, BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr, SPLIT_KV: tl.constexpr,
+                        WRITE_LSE: tl.constexpr):
+    """Requests longer than ``max_seqlen_q`` (``validate=False`` trusts it): no program of the
+    per-request grid owns their rows past ``tiles_per_request * BLOCK_Q``, so the padding program
+    writes them NaN (output and LSE; a split's partial output NaN with LSE 0, so the combined output
+    is NaN), one token's heads at a time: only impossible input has such rows. The requests are
+    scanned 128 at a time; a chunk none of whose requests is that long costs two vector loads.
+    (Written by the attention programs themselves, after their key loop, this kept values live
+    across it: H100 prefill 1.5-2.8% slower, and the 8-warp 32/8/64 tile past 128 registers, 1.47x:
+    bench/results/NVIDIA_H100_80GB_HBM3/experiments/prefill_regression.txt.)"""
+    grid_rows = tiles_per_request * BLOCK_Q
+    requests = tl.arange(0, 128)
+    dv_ok = dv < head_dim_v
+    head_in_group = head_block * HEADS_PER_BLOCK + tl.arange(0, HEADS_PER_BLOCK)
+    row_ok = head_in_group < group_size
+    q_head = kv_head * group_size + head_in_group
+    nan_rows = tl.full([HEADS_PER_BLOCK, dv.shape[0]], float("nan"), tl.float32)
+    for b0 in range(0, batch, 128):
+        inside = b0 + requests < batch
+        starts = tl.load(cu_seqlens_q_ptr + b0 + requests, mask=inside, other=0)
+        ends = tl.load(cu_seqlens_q_ptr + b0 + requests + 1, mask=inside, other=0)
+        if tl.max(ends - starts, axis=0) > grid_rows:
+            for b in range(b0, tl.minimum(b0 + 128, batch)):
+                q_start = tl.load(cu_seqlens_q_ptr + b)
+                q_end = tl.minimum(tl.load(cu_seqlens_q_ptr + b + 1), total_q).to(tl.int64)
+                for token in range(tl.maximum(q_start + grid_rows, 0).to(tl.int64), q_end):
+                    if SPLIT_KV:
+                        tl.store(partial_out_ptr + token * stride_po_t + q_head[:, None] * stride_po_h
+                                 + split * stride_po_s + dv[None, :], nan_rows, mask=row_ok[:, None] & dv_ok[None, :])
+                        tl.store(partial_lse_ptr + token * stride_pl_t + q_head * stride_pl_h + split,
+                                 tl.zeros([HEADS_PER_BLOCK], tl.float32), mask=row_ok)
+                    else:
+                        tl.store(out_ptr + token * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
+                                 nan_rows.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+                        if WRITE_LSE:
+                            tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t,
+                                     tl.full([HEADS_PER_BLOCK], float("nan"), tl.float32), mask=row_ok)
+
+
+@triton.jit
+def _nan_rows_of_request(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
                         group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h, stride_lse_t,
                         partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr, stride_pl_t,
                         stride_pl_h, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr,
                         BLOCK_DV: tl.constexpr, SPLIT_KV: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """A request longer than ``max_seqlen_q`` (``validate=False`` trusts it): no program of the
-    per-request grid owns its rows past ``tiles_per_request * BLOCK_Q``, so the program of its last
-    tile writes them NaN (output and LSE; a split's partial output NaN with LSE 0, so the combined
-    output is NaN)."""
+    """``_nan_rows_past_grid`` for one request, written by the program of its last tile (Intel
+    GPUs: IGC spilled 64-192 B a thread on the varlen D = 128 tile with the padding program's scan,
+    whose reduction its allocator keeps beside the attention's registers)."""
     if q_tile == tiles_per_request - 1:
         for r0 in range(tiles_per_request * BLOCK_Q, q_len, BLOCK_Q):
             extra = (q_start + r0 + rows // HEADS_PER_BLOCK).to(tl.int64)
@@ -464,10 +506,13 @@ def _paged_attention_kernel(
     HEADS_FIRST: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
-    # where the NaN rows past max_seqlen_q are written (_nan_rows_past_grid): after the key loop, but
-    # before it on Intel GPUs' prefill tiles, where after it IGC spilled 384-704 B a thread (before it,
-    # H100 prefill ran 1.02-1.03x: experiments/untrusted_metadata.txt)
+    # where the NaN rows past max_seqlen_q are written: by the padding program (_nan_rows_past_grid),
+    # except on Intel GPUs, where the program of a request's last tile writes them
+    # (_nan_rows_of_request): after the key loop, or before it on prefill tiles, where after it IGC
+    # spilled 384-704 B a thread (experiments/untrusted_metadata.txt)
+    NAN_ROWS_IN_PAD: tl.constexpr = not INTEL_GPU
     NAN_ROWS_FIRST: tl.constexpr = INTEL_GPU and HOIST_GATHER
+    NAN_ROWS_AFTER: tl.constexpr = INTEL_GPU and not HOIST_GATHER
     # PAGE_SIZE = 0: contiguous K/V (flash_attn_varlen_func). Request b's keys are the rows
     # cu_seqlens_k[b] + key of k / v [total_k, H_kv, D] (token stride stride_k_tok); there is no
     # page table, and cache_seqlens holds seqused_k (or cu_seqlens_k[1:], see the launcher).
@@ -510,7 +555,8 @@ def _paged_attention_kernel(
 
     if PAD_ROWS:
         # one extra program per head block defines the rows past cu_seqlens_q[B] (padding of a
-        # ragged batch): output 0, LSE -inf, as for an empty request
+        # ragged batch): output 0, LSE -inf, as for an empty request; and, per-request grid, the
+        # rows of requests longer than max_seqlen_q: NaN
         if pid_q == num_q_programs:
             # (a negative cu_seqlens_q[B], which validate=False trusts, starts them at row 0)
             for r0 in range(tl.maximum(tl.load(cu_seqlens_q_ptr + batch), 0), total_q, BLOCK_Q):
@@ -526,6 +572,12 @@ def _paged_attention_kernel(
                     if WRITE_LSE:
                         tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t,
                                  tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad_mask)
+            if Q_MAPPING == 1 and NAN_ROWS_IN_PAD:
+                _nan_rows_past_grid(cu_seqlens_q_ptr, batch, tiles_per_request, kv_head, head_block, dv, split, total_q,
+                                    group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
+                                    stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s,
+                                    partial_lse_ptr, stride_pl_t, stride_pl_h, BLOCK_Q, HEADS_PER_BLOCK, SPLIT_KV,
+                                    WRITE_LSE)
             return
 
     # ---- which request and which of its query rows this program owns ----
@@ -563,10 +615,11 @@ def _paged_attention_kernel(
     else:
         q_used = q_len
     if Q_MAPPING == 1 and NAN_ROWS_FIRST:
-        _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
-                            group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
-                            stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
-                            stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV, WRITE_LSE)
+        _nan_rows_of_request(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split,
+                             total_q, group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
+                             stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
+                             stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV,
+                             WRITE_LSE)
 
     q_row = q_tile * BLOCK_Q + rows // HEADS_PER_BLOCK  # query index inside the request
     row_valid = (q_row < q_len) & (head_in_group < group_size)
@@ -776,12 +829,12 @@ def _paged_attention_kernel(
         if WRITE_LSE:
             lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
             tl.store(lse_ptr + q_head * stride_lse_h + token * stride_lse_t, lse, mask=row_valid)
-    if Q_MAPPING == 1 and not NAN_ROWS_FIRST:
-        _nan_rows_past_grid(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split, total_q,
-                            group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
-                            stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
-                            stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV, WRITE_LSE)
-
+    if Q_MAPPING == 1 and NAN_ROWS_AFTER:
+        _nan_rows_of_request(q_start, q_len, q_tile, tiles_per_request, rows, head_in_group, q_head, dv, split,
+                             total_q, group_size, head_dim_v, out_ptr, stride_o_t, stride_o_h, lse_ptr, stride_lse_h,
+                             stride_lse_t, partial_out_ptr, stride_po_t, stride_po_h, stride_po_s, partial_lse_ptr,
+                             stride_pl_t, stride_pl_h, BLOCK_M, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV, SPLIT_KV,
+                             WRITE_LSE)
 
 
 def _register_compile_variants():
@@ -1242,7 +1295,8 @@ def flash_attn_with_kvcache(
         ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
     max_seqlen_q : int, optional
         Longest query length of the batch (a promise, as in FlashAttention). When given it sizes
-        the grid directly; otherwise requests are found by a binary search on the device.
+        the grid directly (a value above ``total_q`` counts as ``total_q``); otherwise requests
+        are found by a binary search on the device.
     max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin
         Hints accepted for compatibility and ignored (GQA packing is always on).
     rotary_seqlens, rotary_interleaved
@@ -1420,7 +1474,9 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         block_q = max(block_q, 16 // heads_per_block)  # tl.dot needs M >= 16
         if mapping == _SEARCH:
             return block_q, cdiv(total_q, block_q) + batch, 0
-        tiles = cdiv(max_q, block_q) if max_q else 1
+        # no request has more rows of q than q has: an absurd max_seqlen_q (2^31 - 1) must not size
+        # the grid (a request longer than q is impossible input: its rows past the tiles are NaN)
+        tiles = cdiv(min(max_q, total_q), block_q) if max_q else 1
         return block_q, batch * tiles, tiles
 
     compute_units = _device.compute_units(device)
@@ -1463,7 +1519,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         splits = cdiv(config["waves"] * compute_units, programs)
         splits = min(splits, config["max_splits"], cdiv(max_kv_len, config["min_split_tokens"]))
     else:
-        splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])))
+        splits = min(num_splits, max(1, cdiv(max_kv_len, config["BLOCK_N"])), MAX_GRID_DIM_1)  # grid axis 2
     splits = max(1, splits)
     min_split_tokens = config["min_split_tokens"] if num_splits == 0 else config["BLOCK_N"]
     pad_rows = mapping != _UNIFORM  # rows past cu_seqlens_q[B] get defined values
