@@ -104,7 +104,7 @@ TARGETS = {
         has_bfloat16_conversions=True,
     ),
 }
-WARP_SIZE = 16  # ignored by the backend (options["threads_per_warp"] decides); 16 as on the devices
+WARP_SIZE = 16  # ignored by the backend (its sub-group size option decides: tune.xpu_launch_options); 16 as on the devices
 
 
 def gpu_target(name: str) -> GPUTarget:
@@ -147,13 +147,20 @@ def install_arch_parser_stub() -> None:
     g["compile_module_from_src"] = compile_module_from_src
 
 
-def backend_option_names() -> set[str]:
-    """Fields of the Intel backend's options dataclass: the launch options a config may set."""
-    compiler = backends["intel"].compiler
-    opts_cls = compiler.__init__.__globals__.get("XPUOptions")
-    if opts_cls is None or not dataclasses.is_dataclass(opts_cls):
-        return {"num_warps", "num_stages", "grf_mode", "threads_per_warp"}
-    return {f.name for f in dataclasses.fields(opts_cls)}
+#: config knobs that set launch options (a config of none of them compiles as the variant does)
+LAUNCH_KNOBS = ("num_warps", "num_stages", "grf_mode", "sub_group_size")
+
+
+def launch_options(options: dict, dots: int) -> dict:
+    """A compile's options as a launch passes them: ``tune.xpu_launch_options`` (the launchers'
+    spelling for the installed Intel Triton, checked against its options dataclass: the
+    sub-group size of kernels with dots, 16, as ``warp_size`` or ``threads_per_warp``;
+    ``grf_mode`` as it spells it), over any other option of ``options``."""
+    from triton_xpu_attn import tune
+
+    spelled = tune.xpu_launch_options(options, dots=dots > 0)
+    rest = {k: v for k, v in options.items() if k not in LAUNCH_KNOBS}
+    return {**rest, **spelled}
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,9 +289,9 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
     decode buckets (q_len 1) on a decode variant, prefill on the prefill one, fp8 caches on the
     fp8 variant; the bucket's head dims and page size (``p = 256`` of a varlen bucket: contiguous
     K/V), the KV tile, query rows (heads per block x query tokens) and K/V loads
-    (``paged_attention._kv_load``: block pointers where the config asks and the tile fits a page)
-    as ``flash_attn_with_kvcache`` derives them; ``num_stages`` 1 with block pointers, as the
-    launcher sets it on XPU."""
+    (``paged_attention._kv_load``: device-side descriptors or block pointers, whichever this
+    Triton builds, where the config asks and the tile fits a page) as ``flash_attn_with_kvcache``
+    derives them; ``num_stages`` 1 with either, as the launcher sets it on XPU."""
     from triton_xpu_attn.ops import paged_attention
 
     q, fp8 = fields.get("q", "decode"), str(fields.get("dtype", "")).startswith("float8")
@@ -313,7 +320,7 @@ def _paged_attention_constexprs(fields: dict, cfg: dict, variants: list) -> tupl
     out["HOIST_GATHER"] = not decode_like
     out["KV_LOAD"] = paged_attention._kv_load(out["PAGE_SIZE"], {"BLOCK_N": out["BLOCK_N"], **cfg}, None)
     out["SCORE_CHUNK"] = paged_attention.score_chunk(cfg, out["KV_LOAD"], out["BLOCK_D"])
-    if out["KV_LOAD"] == 2:
+    if out["KV_LOAD"] in (2, 3):
         out["num_stages"] = 1
     return variant, {k: v for k, v in out.items() if variant.constexprs.get(k) != v}
 
@@ -352,12 +359,11 @@ CONFIG_CONSTEXPRS = {
 }
 
 
-def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]]:
+def config_jobs(variants) -> tuple[list[Job], list[str]]:
     """Jobs from autotune_configs/xpu/*.json, and errors found while reading those files."""
     from triton_xpu_attn.tune import parse_bucket  # imported by now (the registry import loaded it)
 
     jobs, errors = [], []
-    skip = {"debug", "backend_name", "extern_libs", "sanitize_overflow", "generate_native_code"}
     seen = set()  # (target, variant, options, constexprs): one compile serves every file and bucket
     for path in sorted((REPO / "autotune_configs" / "xpu").glob("*.json")):
         try:
@@ -378,11 +384,11 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
                 if not isinstance(cfg, dict):
                     errors.append(f"{path.name}: {op}[{bucket}] is not an object")
                     continue
-                launch = {k: v for k, v in cfg.items() if k in option_names and k not in skip}
-                if launch.get("grf_mode") in ("large", "256"):
-                    launch["grf_mode"] = large_grf  # spelled for the installed triton-xpu
-                if launch.get("grf_mode") in ("large", "256") and launch.get("num_warps", 0) > 32:
-                    errors.append(f"{path.name}: {op}[{bucket}]: 256 GRF with num_warps > 32 (rejected by the backend)")
+                knobs = {k: cfg[k] for k in LAUNCH_KNOBS if k in cfg}
+                try:  # spelled as the launchers spell them (a mode this Triton lacks, 256 GRF above 32 warps: errors)
+                    launch = launch_options(knobs, dots=1) if knobs else {}
+                except ValueError as e:
+                    errors.append(f"{path.name}: {op}[{bucket}]: {e}")
                     continue
                 pairs = [(v, {}) for v in mine]
                 if op in CONFIG_CONSTEXPRS and bucket != "default":
@@ -392,16 +398,18 @@ def config_jobs(variants, option_names, large_grf) -> tuple[list[Job], list[str]
                         errors.append(f"{path.name}: {op}[{bucket}]: {type(e).__name__}: {e}")
                         continue
                 for v, consts in pairs:
-                    if not launch and not consts:
+                    mine_launch = launch if v.dots or not launch else launch_options(knobs, dots=0)  # sub-group: dots only
+                    if not mine_launch and not consts:
                         continue
                     if "num_stages" in consts:  # a launch option the launcher derives (block pointers: 1)
                         consts = dict(consts)
-                        launch = {**launch, "num_stages": consts.pop("num_stages")}
-                    key = (target, v.label, tuple(sorted(launch.items())), tuple(sorted(consts.items())))
+                        mine_launch = {**mine_launch, "num_stages": consts.pop("num_stages")}
+                    key = (target, v.label, tuple(sorted(mine_launch.items())), tuple(sorted(consts.items())))
                     if key in seen:
                         continue
                     seen.add(key)
-                    jobs.append(Job(v, target, {**v.options, **launch}, source=f"{path.name}:{bucket}", constexprs=consts))
+                    jobs.append(Job(v, target, {**launch_options(v.options, v.dots), **mine_launch},
+                                    source=f"{path.name}:{bucket}", constexprs=consts))
     return jobs, errors
 
 
@@ -447,8 +455,9 @@ def native_job(ocloc, job: Job, r: dict) -> dict:
         what = "target 0" if allowance == 0 else f"allowance {allowance} B, SPILL_ALLOWANCE"
         problems.append(f"spills {final.spill} B per thread at {final.grf} GRF ({what})")
     constexprs = {**job.variant.constexprs, **job.constexprs}
-    # a job of a 2D-declared variant loads K/V through block pointers (a config may ask for pointers)
-    block_pointer_kv = constexprs.get("KV_LOAD") == 2 or constexprs.get("LATENT_CHUNK", 0) > 0
+    # a job of a 2D-declared variant loads K/V through block pointers or device-side descriptors
+    # (a config may ask for pointers)
+    block_pointer_kv = constexprs.get("KV_LOAD") in (2, 3) or constexprs.get("LATENT_CHUNK", 0) > 0
     if job.variant.block_2d and block_pointer_kv and final.block2d_loads == 0:
         problems.append(f"declared to read {'/'.join(job.variant.block_2d)} by 2D block reads, has none")
     return dict(first=first, final=final, problems=problems)
@@ -523,7 +532,6 @@ def main(argv=None) -> int:
         install_arch_parser_stub()
         import_all_modules()  # every kernel registers itself where it is defined
         from triton_xpu_attn._common import COMPILE_VARIANTS
-        from triton_xpu_attn.device import xpu_large_grf_mode
     except Exception:  # noqa: BLE001
         print("FAILED before compiling: setting up / importing triton_xpu_attn raised:", file=sys.stderr)
         traceback.print_exc()
@@ -535,8 +543,8 @@ def main(argv=None) -> int:
         print(f"unknown target(s) {unknown}; known: {sorted(TARGETS)}", file=sys.stderr)
         return 2
     variants = list(COMPILE_VARIANTS)
-    jobs = [Job(v, t, dict(v.options)) for v in variants for t in targets]
-    cfg_jobs, errors = config_jobs(variants, backend_option_names(), xpu_large_grf_mode())
+    jobs = [Job(v, t, launch_options(v.options, v.dots)) for v in variants for t in targets]
+    cfg_jobs, errors = config_jobs(variants)
     jobs += cfg_jobs
     if args.k:
         jobs = [j for j in jobs if args.k in j.name]

@@ -42,7 +42,7 @@ DEVICES = {
     "Intel(R) Arc(TM) Pro B60 Graphics": dict(target="bmg", xe_cores=20, bf16_tflops=98.0, memory_gbs=456.0),
 }
 
-SUB_GROUP_SIZE = 16  # DPAS lowers only at 16 lanes; the backend forces it for kernels whose dots all qualify
+SUB_GROUP_SIZE = 16  # DPAS lowers only at 16 lanes; tune.launch_options states it (warp_size / threads_per_warp)
 LARGE_GRF = "256"  # spelled for triton-xpu >= 3.6; tune.launch_options respells it 'large' for older Triton
 KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 Q_DTYPES = ("bfloat16", "float16")
@@ -54,8 +54,9 @@ WORK = 4  # the rules do not depend on the work bucket
 SOURCE = (
     "Seeded by hand from Intel's tuning of attention kernels for PVC and BMG; NOT measured on this device. "
     "Paged attention: tiles from triton_xpu_attn.ops.paged_attention.xpu_tiles, chosen on the native code "
-    "(triton-xpu 3.3 -> ocloc; bench/results/xpu_codegen.md) for 2D block reads of K/V (block pointers over "
-    "tiles inside one page, one stage) and no spill at grf_mode 256: 32-key tiles at head dim <= 128, 16 above "
+    "(triton-xpu 3.3 -> ocloc; bench/results/xpu_codegen.md) for 2D block reads of K/V (tiles inside one page, "
+    "one stage: device-side tensor descriptors where Triton builds them, kv_device_desc, else block pointers, "
+    "kv_block_ptr) and no spill at grf_mode 256: 32-key tiles at head dim <= 128, 16 above "
     "and at 16-token pages and for fp8 caches; 8 sub-groups for decode (16 for fp8), 16 for 128-row prefill tiles "
     "(64 rows at head dim > 128). "
     "Splits: about 2 work-groups per Xe-core (waves=2; Xe-cores = gpu_subslice_count), at least 4 tiles "
@@ -64,8 +65,8 @@ SOURCE = (
     "16-key tiles, output channels split across programs (128 at R = 512 over pages, 64 at R = 256 and over per-token "
     "gathers), 8 sub-groups, grf_mode 256. "
     "grf_mode is written '256' (triton-xpu >= 3.6); the launcher respells it 'large' for older Triton. "
-    "num_warps stays <= 32 with 256 GRF (the backend rejects more). sub_group_size is informational: "
-    "DPAS needs 16 and the backend forces it. Sources: shared/notes/perf_anchors.md sections 1.2, 1.4, "
+    "num_warps stays <= 32 with 256 GRF (the backend rejects more). sub_group_size is the launches' sub-group "
+    "size (DPAS needs 16), spelled warp_size or threads_per_warp for the installed Triton. Sources: shared/notes/perf_anchors.md sections 1.2, 1.4, "
     "2.4, 3.4 and 5 (intel/intel-xpu-backend-for-triton benchmarks, vllm-xpu-kernels, sgl-kernel-xpu)."
 )
 

@@ -19,17 +19,19 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 #: through the boundary check: the XPU path; Triton < 3.9, so compiled runs and older interpreters),
 #: these also with the XPU tile options: the score dot over 16-column head-dim chunks, and one
 #: head's tokens per program (``pack_gqa`` off); and device-side tensor descriptors over the same
-#: visible rows (Triton >= 3.4: the interpreter and compiled runs; Intel's Triton >= 3.5 path)
+#: visible rows (Triton >= 3.4: the interpreter and compiled runs; the XPU default where Intel's
+#: Triton has them), also with the score dot over 16-column head-dim chunks
 KV_LOADS = ["pointer", "descriptor"] + (
     ["block_ptr", "block_ptr_chunks", "block_ptr_one_head"] if _device.block_pointers() else []) + (
-    ["device_desc"] if _device.device_descriptors() else [])
+    ["device_desc", "device_desc_chunks"] if _device.device_descriptors() else [])
 
 
 def kv_load_config(kv_load: str) -> dict:
     """The config keys that ask for ``kv_load`` (one of ``KV_LOADS``)."""
     block_ptr = kv_load.startswith("block_ptr")
-    config = dict(kv_desc=kv_load == "descriptor", kv_block_ptr=block_ptr, kv_device_desc=kv_load == "device_desc")
-    if kv_load == "block_ptr_chunks":
+    config = dict(kv_desc=kv_load == "descriptor", kv_block_ptr=block_ptr,
+                  kv_device_desc=kv_load.startswith("device_desc"))
+    if kv_load in ("block_ptr_chunks", "device_desc_chunks"):
         config["score_chunk"] = 16
     if kv_load == "block_ptr_one_head":
         config.update(pack_gqa=False, score_chunk=32)

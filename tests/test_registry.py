@@ -162,7 +162,8 @@ def test_variants_declared_2d_load_kv_through_block_pointers():
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 192, 256, 512])
 @pytest.mark.parametrize("page_size", [0, 1, 2, 8, 16, 32, 64, 256])
 def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_dim, page_size):
-    """The XPU tiles (heuristic and shipped files) ask for block pointers exactly where every key
+    """The XPU tiles (heuristic and shipped files) ask for 2D K/V reads (device-side descriptors
+    and block pointers: the launcher takes whichever this Triton builds) exactly where every key
     tile lies in one page or the K/V rows are contiguous, keep K^T / V tiles at most 32 keys (64
     fill the 256-GRF file: bench/results/xpu_codegen.md), 256 GRF, one stage with block pointers,
     and at most 32 warps (the backend's limit at 256 GRF); above D = 256 the output channels go in
@@ -171,7 +172,7 @@ def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_d
 
     cfg = xpu_tiles(decode_like, head_dim, page_size)
     fits = page_size == 0 or page_size >= cfg["BLOCK_N"]
-    assert cfg["kv_block_ptr"] == fits
+    assert cfg["kv_block_ptr"] == fits and cfg["kv_device_desc"] == fits
     assert cfg["BLOCK_N"] <= (32 if head_dim <= 128 else 16)
     assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32
     assert cfg["num_stages"] == (1 if fits else 2)
@@ -201,6 +202,8 @@ def test_mla_xpu_tiles_keep_the_latent_tile_and_accumulator_small(rows, latent, 
     assert latent_chunk(cfg, 16, 16, latent, (None,)) == block_ptrs, "pages of whole tiles: 2D latent reads"
     assert latent_chunk(cfg, 8, 16, latent, (None,)) == 0, "a key tile over two pages gathers rows"
     assert latent_chunk(cfg, 64, 16, latent, ("descriptor",)) == 0, "tensor descriptors win where made"
+    assert latent_chunk(cfg, 16, 16, latent, (None,), device_desc=True) == 64, "device-side descriptors: 2D too"
+    assert latent_chunk(cfg, 8, 16, latent, (None,), device_desc=True) == 0
 
 
 def test_xpu_tiles_decode_fp8_caches_on_16_warps():

@@ -314,6 +314,29 @@ else:
         pass
 
 
+# Device-side tensor descriptors (tl.make_tensor_descriptor: Triton >= 3.4, not triton-xpu 3.3),
+# bound here behind the probe like gdc_wait above: kernels call rows_descriptor only on launches
+# that asked for descriptors (device.device_descriptors), and on a Triton without them the stub's
+# body names nothing it lacks, so the kernels' other paths still compile there.
+if _device.language_builds("make_tensor_descriptor"):
+    @triton.jit
+    def rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Device-side tensor descriptor over ``rows`` rows of ``width`` elements from ``base``
+        (row pitch ``stride_tok``, elements contiguous), read in ``[BLOCK_ROWS, BLOCK_W]`` blocks:
+        rows outside ``[0, rows)`` and columns past ``width`` read 0 (a block loaded at row
+        ``-skip`` covers a key tile whose first ``skip`` rows no query sees) and are never
+        written by a store. Base and row pitch must be 16-byte aligned. The 2D load Intel's Triton
+        prefers (lowered to its 2D block IO); TMA on Hopper."""
+        return tl.make_tensor_descriptor(base, shape=[rows, width], strides=[stride_tok, 1],
+                                         block_shape=[BLOCK_ROWS, BLOCK_W])
+else:
+    @triton.jit
+    def rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Triton without ``tl.make_tensor_descriptor`` (triton-xpu 3.3): never called (launchers
+        ask for descriptors only where ``device.device_descriptors()``)."""
+        return base
+
+
 @triton.jit
 def block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
                 TRANSPOSED: tl.constexpr):

@@ -193,11 +193,11 @@ def tensor_descriptor(tensor: torch.Tensor, shape: list, strides: list, block_sh
 
 def device_descriptors(device: torch.device | str | int | None = None) -> bool:
     """Whether kernels may create tensor descriptors on the device (``tl.make_tensor_descriptor``,
-    Triton >= 3.4; not triton-xpu 3.3): on CUDA where the GPU has TMA (compute capability >= 9).
-    Intel's Triton >= 3.5 lowers them to 2D block reads; the interpreter runs them."""
-    import triton.language as tl
-
-    if not hasattr(tl, "make_tensor_descriptor"):
+    Triton >= 3.4; not triton-xpu 3.3; probed by :func:`language_builds`): on CUDA where the GPU
+    has TMA (compute capability >= 9). Intel's Triton lowers them to its 2D block IO (3.4 to 3.7.0
+    through block pointers in its TTIR, later through its own descriptor rewrite); the interpreter
+    runs them."""
+    if not language_builds("make_tensor_descriptor"):
         return False
     if backend() == "cuda":
         return _properties("cuda", _index(device)).major >= 9
@@ -243,14 +243,100 @@ def ensure_scratch_allocator(device: torch.device | str | int | None = None) -> 
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=where))
 
 
+class _Touched(Exception):
+    """Raised by :class:`_StandIn` when a probed builtin uses one of its arguments."""
+
+
+class _StandIn:
+    """An argument of a probed builtin: any use of it (an attribute, iteration, a conversion, an
+    operator) records that the builtin went on to build something and raises :class:`_Touched`."""
+
+    def __init__(self, uses: list):
+        object.__setattr__(self, "_uses", uses)
+
+    def __getattr__(self, name):
+        self._uses.append(name)
+        raise _Touched(name)
+
+    def _use(self, *args, **kwargs):
+        self._uses.append("use")
+        raise _Touched("use")
+
+    __iter__ = __len__ = __bool__ = __index__ = __int__ = __float__ = __getitem__ = __call__ = _use
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __lt__ = __gt__ = __le__ = __ge__ = _use
+
+
 @functools.lru_cache(maxsize=None)
-def block_pointers() -> bool:
-    """Whether kernels may load tiles through ``tl.make_block_ptr``: Triton before 3.9 (3.9 removed
-    it). triton-xpu 3.3 turns those loads, and no other, into 2D block reads on Intel GPUs; newer
-    Intel Triton still compiles them (deprecated there in favour of tensor descriptors)."""
+def language_builds(name: str) -> bool:
+    """Whether ``triton.language.<name>`` (a builtin such as ``make_block_ptr``, ``advance`` or
+    ``make_tensor_descriptor``) builds IR in this Triton: present, and not a stub left after its
+    removal. Upstream Triton 3.9 and Intel's main (3.8.0, since 2026-07-23) keep
+    ``make_block_ptr`` / ``tl.advance`` as builtins that raise ``NotImplementedError`` ("Block
+    pointers have been removed in favor of the tensor descriptor API"), so ``hasattr`` is no test.
+
+    The probe calls the builtin itself with stand-in arguments that record any use (the
+    ``_semantic`` / ``_builder`` context included, whichever this Triton names): a removal stub
+    raises ``NotImplementedError`` before it reads an argument, a working builtin starts building
+    from them and trips on the stand-ins. The removal lives in the frontend builtin, which a kernel
+    compile (any backend) and the interpreter both call, so this is what a kernel would see; it
+    compiles nothing, needs no GPU, driver or backend target, costs microseconds and runs once per
+    name (cached). Tracing a tiny kernel to TTIR instead would need the backend's target and a
+    compile per process, for the same answer.
+
+    Parameters
+    ----------
+    name : str
+        Attribute of ``triton.language``.
+
+    Returns
+    -------
+    bool
+        False where it is missing or raises ``NotImplementedError`` before using an argument.
+    """
+    import inspect
+
     import triton.language as tl
 
-    return hasattr(tl, "make_block_ptr") and _version_tuple(triton_version()) < (3, 9)
+    fn = getattr(tl, name, None)
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(inspect.unwrap(fn)).parameters.values()
+    except (TypeError, ValueError):
+        return True  # not a Python builtin we can call with stand-ins: present is all we know
+    uses: list = []
+    context = [p.name for p in params if p.name in ("_semantic", "_builder")]
+    args = [_StandIn(uses) for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in context]
+    try:
+        fn(*args, **{c: _StandIn(uses) for c in context})
+    except NotImplementedError:
+        # a removal stub raises before it reads an argument; raised after a use, it was building
+        return bool(uses)
+    except Exception:  # noqa: BLE001  (_Touched, or what building from stand-ins raised)
+        return True
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def block_pointers() -> bool:
+    """Whether kernels may load tiles through ``tl.make_block_ptr`` / ``tl.advance``: where this
+    Triton builds them (:func:`language_builds`). Triton 3.3-3.8 do, Intel's release/3.8.0
+    branch too; upstream 3.9 and Intel's main removed them (a ``make_block_ptr`` that raises counts
+    as absent). triton-xpu 3.3 turns those loads, and no other, into 2D block reads on Intel GPUs;
+    newer Intel Triton prefers device-side tensor descriptors (:func:`device_descriptors`)."""
+    return language_builds("make_block_ptr") and language_builds("advance")
+
+
+def xpu_tile_loads() -> str:
+    """How attention kernels read their 2D tiles (K/V, and q / out where they form a plain block)
+    on Intel GPUs with the installed Triton: ``'descriptor'`` (device-side tensor descriptors,
+    where ``tl.make_tensor_descriptor`` builds: Intel's Triton 3.4 on, the torch XPU wheels'
+    3.7 and Intel's main), else ``'block_ptr'`` (block pointers: triton-xpu 3.3), else
+    ``'pointer'`` (masked pointer loads, gathers)."""
+    if language_builds("make_tensor_descriptor"):
+        return "descriptor"
+    return "block_ptr" if block_pointers() else "pointer"
 
 
 def triton_version() -> str:
@@ -264,10 +350,113 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
+#: sub-group size of XPU launches of the attention kernels (those with ``tl.dot``): Intel's
+#: backend lowers a dot to DPAS only at 16 lanes (PVC, BMG, Xe2), so launches state it
+XPU_DPAS_SUB_GROUP = 16
+
+
+def forget_probes() -> None:
+    """Forget every cached answer about the installed Triton (``language_builds``,
+    ``block_pointers``, ``xpu_option_fields``): tests that simulate another Triton call it."""
+    language_builds.cache_clear()
+    block_pointers.cache_clear()
+    xpu_option_fields.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def xpu_option_fields() -> dict | None:
+    """Field name -> default of the installed Intel backend's options dataclass (``XPUOptions``):
+    the launch and compile options it takes (its ``parse_options`` drops any other without a
+    word). None where no Intel backend is installed (upstream Triton, the interpreter)."""
+    import dataclasses
+
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return None
+    intel = backends.get("intel")
+    if intel is None:
+        return None
+    compiler = intel.compiler
+    found = None
+    for fn in (getattr(compiler, "parse_options", None), getattr(compiler, "__init__", None)):
+        found = getattr(fn, "__globals__", {}).get("XPUOptions")
+        if found is not None:
+            break
+    if found is None or not dataclasses.is_dataclass(found):
+        return None
+    return {f.name: f.default for f in dataclasses.fields(found)}
+
+
+def xpu_sub_group_option(fields: dict | None = None) -> str | None:
+    """Name of the sub-group size option in the installed Intel Triton: ``'warp_size'`` (from
+    3.6: Intel renamed it on 2025-09-17) or ``'threads_per_warp'`` (3.3-3.5), read from its
+    options dataclass (``fields``: :func:`xpu_option_fields` unless given); by the version where
+    that class cannot be read; None where the class has neither."""
+    fields = xpu_option_fields() if fields is None else fields
+    if fields is None:
+        return "warp_size" if _version_tuple(triton_version()) >= (3, 6) else "threads_per_warp"
+    return next((name for name in ("warp_size", "threads_per_warp") if name in fields), None)
+
+
+#: grf_mode spellings: triton-xpu 3.3-3.5 take ``small``/``large`` (128/256 registers a thread),
+#: 3.6 on take the register counts
+_GRF_BY_COUNT = {"small": "128", "large": "256"}
+_GRF_BY_NAME = {"128": "small", "256": "large"}
+
+
+def xpu_grf_modes(fields: dict | None = None) -> tuple:
+    """``grf_mode`` values the installed Intel Triton takes: 3.3-3.5 list them as the field's
+    default (``('small', 'large', 'auto', 'default')``); 3.6 takes ``'default'``, ``'128'``,
+    ``'256'``, ``'auto'``, and 3.7.2 on ``'512'`` too (its default is the string ``'default'``)."""
+    fields = xpu_option_fields() if fields is None else fields
+    default = (fields or {}).get("grf_mode")
+    if isinstance(default, tuple):
+        return default
+    if fields is None and _version_tuple(triton_version()) < (3, 6):
+        return ("small", "large", "auto", "default")
+    return ("default", "128", "256", "auto") + (("512",) if _version_tuple(triton_version()) >= (3, 7, 2) else ())
+
+
+def xpu_grf_mode(mode: str, num_warps: int | None = None, fields: dict | None = None) -> str:
+    """A ``grf_mode`` in the installed Intel Triton's spelling.
+
+    Parameters
+    ----------
+    mode : str
+        ``'128'`` / ``'small'``, ``'256'`` / ``'large'``, ``'512'``, ``'auto'`` or ``'default'``.
+    num_warps : int, optional
+        The launch's warps: 256 and 512 registers a thread take at most 32.
+    fields : dict, optional
+        The backend's options fields (:func:`xpu_option_fields` unless given).
+
+    Returns
+    -------
+    str
+        ``'large'`` / ``'small'`` for triton-xpu 3.3-3.5, ``'256'`` / ``'128'`` from 3.6.
+
+    Raises
+    ------
+    ValueError
+        A mode this Triton does not take (``'512'`` before 3.7.2), or 256/512 registers with more
+        than 32 warps (the backend refuses to compile that).
+    """
+    modes = xpu_grf_modes(fields)
+    spelled = mode
+    if mode not in modes:
+        spelled = (_GRF_BY_NAME if "large" in modes else _GRF_BY_COUNT).get(mode, mode)
+    if spelled not in modes:
+        raise ValueError(f"grf_mode {mode!r} is not one this Intel Triton ({triton_version()}) takes: {modes}")
+    if spelled in ("large", "256", "512") and num_warps is not None and num_warps > 32:
+        raise ValueError(f"grf_mode {mode!r} with num_warps = {num_warps}: Intel's backend refuses more than 32 warps "
+                         "at 256 or 512 registers a thread")
+    return spelled
+
+
 def xpu_large_grf_mode() -> str:
     """Spelling of the 256-register mode for the installed Intel Triton: ``'256'`` from
-    triton-xpu 3.6 on, ``'large'`` before."""
-    return "256" if _version_tuple(triton_version()) >= (3, 6) else "large"
+    triton-xpu 3.6 on, ``'large'`` before (:func:`xpu_grf_mode`)."""
+    return xpu_grf_mode("256")
 
 
 def describe() -> dict:

@@ -72,7 +72,7 @@ def _warn(path, key: str, problem: str) -> None:
 _POW2_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "num_warps")  # powers of two, BLOCK_* at least 16
 _POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size", "maxnreg")
 _BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "kv_device_desc", "pack_gqa", "kept_heuristic")
-_GRF_MODES = (None, "small", "large", "256", "auto", "default")
+_GRF_MODES = (None, "small", "large", "128", "256", "512", "auto", "default")
 
 
 def entry_problem(entry) -> str | None:
@@ -256,14 +256,68 @@ def work_bucket(programs: int, compute_units: int) -> int:
 def launch_options(config: dict) -> dict:
     """Keyword options for a kernel launch from a config: ``num_warps``/``num_stages`` everywhere,
     ``maxnreg`` only on CUDA (a register cap per thread: it keeps a tile on the occupancy step where
-    ptxas would take a few registers more, bench/residency.py) and ``grf_mode`` only on XPU (other
-    backends reject them), respelled for the installed Triton."""
+    ptxas would take a few registers more, bench/residency.py); on XPU the options of
+    :func:`xpu_launch_options` (sub-group size, ``grf_mode``), spelled for the installed Intel
+    Triton (other backends reject them). The one place that spells launch options."""
+    if _device.backend() == "xpu":
+        return xpu_launch_options(config)
     opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
     if _device.backend() == "cuda" and config.get("maxnreg"):
         opts["maxnreg"] = config["maxnreg"]
-    if _device.backend() == "xpu" and config.get("grf_mode"):
-        mode = config["grf_mode"]
-        if mode in ("large", "256"):
-            mode = _device.xpu_large_grf_mode()
-        opts["grf_mode"] = mode
     return opts
+
+
+#: options already reported missing from the installed Intel Triton (one warning each)
+_MISSING_OPTIONS: set = set()
+
+
+def xpu_launch_options(config: dict, *, dots: bool = True, fields: dict | None = None) -> dict:
+    """Options of an XPU launch from a config, in the installed Intel Triton's spelling, checked
+    against its options dataclass. Intel's backend drops options it does not know without a word,
+    so an option its dataclass lacks is left out with a ``RuntimeWarning`` (once per option)
+    instead. ``.ci/xpu_compile_check.py`` compiles with these options too.
+
+    Parameters
+    ----------
+    config : dict
+        Knobs of a config: ``num_warps``, ``num_stages``, ``grf_mode`` (``device.xpu_grf_mode``'s
+        spellings), ``sub_group_size`` (default 16: DPAS needs 16 lanes).
+    dots : bool
+        The kernel holds ``tl.dot``: state the sub-group size rather than leave it to the backend.
+    fields : dict, optional
+        The backend's options fields (``device.xpu_option_fields()`` unless given).
+
+    Returns
+    -------
+    dict
+        ``num_warps``, ``num_stages``, the sub-group size as ``warp_size`` (Intel's Triton from
+        3.6) or ``threads_per_warp`` (3.3-3.5), ``grf_mode`` as this Triton spells it.
+
+    Raises
+    ------
+    ValueError
+        A ``grf_mode`` this Triton does not take, or 256/512 registers above 32 warps.
+    """
+    known = _device.xpu_option_fields() if fields is None else fields
+    opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+    if dots:
+        name = _device.xpu_sub_group_option(fields)
+        if name is not None:
+            opts[name] = int(config.get("sub_group_size") or _device.XPU_DPAS_SUB_GROUP)
+        else:
+            _warn_missing("the sub-group size (warp_size / threads_per_warp)", known)
+    if config.get("grf_mode"):
+        mode = _device.xpu_grf_mode(str(config["grf_mode"]), config.get("num_warps"), fields)
+        if known is None or "grf_mode" in known:
+            opts["grf_mode"] = mode
+        else:
+            _warn_missing("grf_mode", known)
+    return opts
+
+
+def _warn_missing(option: str, known) -> None:
+    if option not in _MISSING_OPTIONS:
+        _MISSING_OPTIONS.add(option)
+        warnings.warn(f"Intel Triton {_device.triton_version()} takes no {option} option (its options: "
+                      f"{sorted(known or ())}): launched without it, the backend's default applies",
+                      RuntimeWarning, stacklevel=3)

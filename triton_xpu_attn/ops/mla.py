@@ -38,6 +38,7 @@ from .._common import (
     tile_row,
     clamp_page,
     register_xpu_compile,
+    rows_descriptor,
     softmax_step,
 )
 
@@ -160,8 +161,9 @@ def _mla_attention_kernel(
     RAGGED: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_DESC: tl.constexpr = False,
-    LATENT_CHUNK: tl.constexpr = 0,  # > 0: latent tiles through block pointers, score dot per chunk
+    LATENT_CHUNK: tl.constexpr = 0,  # > 0: latent tiles read in 2D, score dot per chunk
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the split combine start (device.programmatic_launch)
+    LATENT_DESC: tl.constexpr = False,  # LATENT_CHUNK tiles through device-side descriptors, else block pointers
 ):
     if SPLIT and LAUNCH_DEPENDENTS:
         # the split combine, launched programmatically after this kernel, may start as soon as
@@ -286,25 +288,45 @@ def _mla_attention_kernel(
             page = clamp_page(tl.load(pt_row + start // PAGE_SIZE), num_pages).to(tl.int64)
             kv_tile = kv_ptr + page * stride_kv_page + (start % PAGE_SIZE) * stride_kv_row
             rows_here = tl.minimum(hi - start, BLOCK_N)
+            if LATENT_DESC:
+                # descriptors over the tile's whole latent rows (and one token's q rows), read a
+                # chunk at a time at its column: rows past the length and channels past R read 0
+                lat_desc = rows_descriptor(kv_tile, stride_kv_row, R, rows_here, BLOCK_N, LATENT_CHUNK)
+                if Q_LEN == 1 and not RAGGED:
+                    q_desc = rows_descriptor(q_nope_ptr + b * stride_qn_b + (head_block * BLOCK_H).to(tl.int64) * stride_qn_h,
+                                             stride_qn_h, R, num_heads - head_block * BLOCK_H, BLOCK_H, LATENT_CHUNK)
             for c in tl.static_range(BLOCK_R // LATENT_CHUNK):
                 lc = c * LATENT_CHUNK + tl.arange(0, LATENT_CHUNK)
                 if Q_LEN == 1 and not RAGGED:  # one token's heads: a plain 2D block of q
-                    q_c = tl.load(tl.make_block_ptr(q_nope_ptr + b * stride_qn_b, shape=(num_heads, R),
-                                                    strides=(stride_qn_h, 1), offsets=(head_block * BLOCK_H, c * LATENT_CHUNK),
-                                                    block_shape=(BLOCK_H, LATENT_CHUNK), order=(1, 0)),
-                                  boundary_check=(0, 1), padding_option="zero")
+                    if LATENT_DESC:
+                        q_c = q_desc.load([0, c * LATENT_CHUNK])
+                    else:
+                        q_c = tl.load(tl.make_block_ptr(q_nope_ptr + b * stride_qn_b, shape=(num_heads, R),
+                                                        strides=(stride_qn_h, 1), offsets=(head_block * BLOCK_H, c * LATENT_CHUNK),
+                                                        block_shape=(BLOCK_H, LATENT_CHUNK), order=(1, 0)),
+                                      boundary_check=(0, 1), padding_option="zero")
                 else:
                     q_c = tl.load(q_n_rows + lc[None, :], mask=row_ok[:, None] & (lc[None, :] < R), other=0.0)
-                k_c = tl.load(block_rows(kv_tile + c * LATENT_CHUNK, stride_kv_row, R - c * LATENT_CHUNK, rows_here, 0,
-                                         BLOCK_N, LATENT_CHUNK, True),
-                              boundary_check=(0, 1), padding_option="zero")
-                part = _latent_dot(q_c, tl.trans(k_c.to(q_c.dtype)), DOT_PRECISION)
+                if LATENT_DESC:  # [BLOCK_N, LATENT_CHUNK] rows, transposed by the dot
+                    k_c = lat_desc.load([0, c * LATENT_CHUNK])
+                    part = _latent_dot(q_c, k_c.to(q_c.dtype), DOT_PRECISION)
+                else:  # K^T through a column-major block
+                    k_c = tl.load(block_rows(kv_tile + c * LATENT_CHUNK, stride_kv_row, R - c * LATENT_CHUNK, rows_here,
+                                             0, BLOCK_N, LATENT_CHUNK, True),
+                                  boundary_check=(0, 1), padding_option="zero")
+                    part = _latent_dot(q_c, tl.trans(k_c.to(q_c.dtype)), DOT_PRECISION)
                 s_lat = part if c == 0 else s_lat + part
-            k_pe = tl.load(block_rows(kv_tile + R, stride_kv_row, DR, rows_here, 0, BLOCK_N, BLOCK_DR, False),
-                           boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
-            v = tl.load(block_rows(kv_tile + dv_tile * BLOCK_DV, stride_kv_row, R - dv_tile * BLOCK_DV, rows_here, 0,
-                                   BLOCK_N, BLOCK_DV, False),
-                        boundary_check=(0, 1), padding_option="zero").to(q_n.dtype)
+            if LATENT_DESC:
+                k_pe = rows_descriptor(kv_tile + R, stride_kv_row, DR, rows_here, BLOCK_N, BLOCK_DR).load([0, 0])
+                v = rows_descriptor(kv_tile, stride_kv_row, R, rows_here, BLOCK_N, BLOCK_DV).load([0, dv_tile * BLOCK_DV])
+            else:
+                k_pe = tl.load(block_rows(kv_tile + R, stride_kv_row, DR, rows_here, 0, BLOCK_N, BLOCK_DR, False),
+                               boundary_check=(0, 1), padding_option="zero")
+                v = tl.load(block_rows(kv_tile + dv_tile * BLOCK_DV, stride_kv_row, R - dv_tile * BLOCK_DV, rows_here, 0,
+                                       BLOCK_N, BLOCK_DV, False),
+                            boundary_check=(0, 1), padding_option="zero")
+            k_pe = k_pe.to(q_n.dtype)
+            v = v.to(q_n.dtype)
             acc, m_i, l_i = _mla_tile(
                 q_n, q_p, s_lat, k_pe, v, acc, m_i, l_i, scale, start, hi, key_end, full_end,
                 Q_LEN, BLOCK_N, RAGGED, CAUSAL, DOT_PRECISION, True)
@@ -367,6 +389,7 @@ def _register_compile_variants():
         RAGGED=False, CAUSAL=True,
         kv_desc=None, pe_desc=None, KV_DESC=False,  # descriptor loads need Triton >= 3.4 (not triton-xpu 3.3)
         LATENT_CHUNK=0, LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
+        LATENT_DESC=False,  # descriptor latent tiles need Triton >= 3.4 (not triton-xpu 3.3)
     )
     # as XPU launches them (xpu_tiles): 16-key tiles, 64 output channels a program; over pages of
     # 16+ tokens latent tiles through block pointers in 64-channel chunks (2D block reads), one stage
@@ -423,7 +446,8 @@ def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False
     timed them. The score dot reads the whole ``[R, BLOCK_N]`` latent tile per sub-group (warps
     split the rows), so 16-key tiles; the output channels are split across programs
     (``BLOCK_DV`` 64). Over pages of 16+ tokens the latent tile loads through block pointers in
-    64-channel chunks (``latent_chunk``: 2D block reads, the score dot summed over chunks);
+    64-channel chunks (``latent_chunk``: 2D block reads, the score dot summed over chunks; through
+    device-side tensor descriptors where Triton builds them, ``latent_device_desc``);
     shorter pages gather rows. The split repeats the score dot once per channel slice (4 or 8
     times the QK work): the price of no spill, not timed. Measured (bf16 R = 512 decode, 8 warps): 32-key tiles at 128 channels
     2368 B, 256 channels 29-33 KB; 16 keys x 128 channels 0 B; before (32 keys, 256-512
@@ -439,23 +463,59 @@ def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False
     return tiles
 
 
-def latent_chunk(config: dict, page_size: int, block_n: int, block_r: int, latent_descs) -> int:
+def latent_chunk(config: dict, page_size: int, block_n: int, block_r: int, latent_descs,
+                 device_desc: bool = False) -> int:
     """``LATENT_CHUNK`` of a launch: the config's ``latent_chunk`` (latent channels per score dot,
-    through block pointers) where Triton has block pointers, every key tile lies in one page and
-    no tensor descriptors were made; else 0 (pointer loads, one score dot)."""
+    read in 2D) where every key tile lies in one page, no host tensor descriptors were made, and
+    the tiles can be read in 2D: through device-side tensor descriptors (``device_desc``:
+    ``latent_device_desc``) or block pointers (``device.block_pointers``); else 0 (pointer loads,
+    one score dot)."""
     chunk = int(config.get("latent_chunk", 0) or 0)
-    if chunk <= 0 or latent_descs[0] is not None or page_size < block_n or not _device.block_pointers():
+    if chunk <= 0 or latent_descs[0] is not None or page_size < block_n:
+        return 0
+    if not (device_desc or _device.block_pointers()):
         return 0
     return min(chunk, block_r)
 
 
-def launch_constexprs(config: dict, chunk: int) -> dict:
-    """The config's launch options, one stage with block-pointer latent tiles on XPU
-    (triton-xpu 3.3's pipeliner asserts on block pointers whose address comes from a page id)."""
+def _rows_aligned(t: torch.Tensor, strides) -> bool:
+    """``t``'s base and the given element strides 16-byte aligned (device-side descriptors)."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(int(s) * size % 16 == 0 for s in strides)
+
+
+def latent_device_desc(cache: torch.Tensor, R: int, q_nope: torch.Tensor | None = None,
+                       q_strides: tuple = ()) -> bool:
+    """``LATENT_DESC`` of a launch: the latent-chunk tiles (``LATENT_CHUNK``) through device-side
+    tensor descriptors instead of block pointers, where Triton builds them
+    (``device.device_descriptors``) and either the kernels run on Intel GPUs (the 2D load newer
+    Intel Triton prefers; its block pointers are deprecated, removed on its main) or Triton has
+    no block pointers; CUDA with block pointers keeps them. Descriptors need 16-byte aligned
+    bases and row pitches: the cache's (page and row strides, the rope channels at ``R``) and,
+    for a one-query decode, whose q rows are read as one 2D block, ``q_nope``'s (its batch and
+    head strides ``q_strides``)."""
+    if not _device.device_descriptors():
+        return False
+    if _device.backend() != "xpu" and _device.block_pointers():
+        return False
+    if not _rows_aligned(cache, (cache.stride(0), cache.stride(1), R)):
+        return False
+    return q_nope is None or _rows_aligned(q_nope, q_strides)
+
+
+def launch_constexprs(config: dict, chunk: int, device_desc: bool = False, device=None) -> dict:
+    """The config's launch options and the latent loads (``LATENT_CHUNK``, ``LATENT_DESC``): one
+    stage with 2D latent tiles on XPU (triton-xpu 3.3's pipeliner asserts on block pointers
+    whose address comes from a page id) and with descriptors made in the loop anywhere (Triton
+    3.6's pipeliner cannot predicate them); descriptors made on the device get a global-scratch
+    allocator (CUDA) where the caller set none."""
     options = tune.launch_options(config)
-    if chunk and _device.backend() == "xpu":
+    desc = bool(chunk) and device_desc
+    if chunk and (_device.backend() == "xpu" or desc):
         options["num_stages"] = 1
-    return dict(LATENT_CHUNK=chunk, **options)
+    if desc:
+        _device.ensure_scratch_allocator(device)
+    return dict(LATENT_CHUNK=chunk, LATENT_DESC=desc, **options)
 
 
 def split_queries(q_nope: torch.Tensor, q_pe: torch.Tensor | None, head_dim_v: int | None):

@@ -45,6 +45,7 @@ from .mla import (
     check_sm_scale,
     latent_chunk,
     latent_descriptors,
+    latent_device_desc,
     launch_constexprs,
     split_queries,
     xpu_tiles,
@@ -376,6 +377,10 @@ def flash_mla_decode(
     else:
         qn_strides, qp_strides = qn_s[:3], qp_s[:3]
     latent_descs = latent_descriptors(cache, R, config, block_n, block_dv, device)
+    # 2D latent tiles through device-side descriptors (XPU with Intel's Triton >= 3.4) or block pointers
+    latent_desc = bool(config.get("latent_chunk")) and latent_device_desc(
+        cache, R, q_nope if q_len == 1 else None, (qn_strides[0], qn_strides[2]))
+    chunk = latent_chunk(config, page_size, block_n, block_r, latent_descs, latent_desc)
     with device_guard(device):
         _mla_attention_kernel[grid](
             q_nope, q_pe, *qn_strides, *qp_strides,
@@ -398,7 +403,7 @@ def flash_mla_decode(
             RAGGED=False, CAUSAL=True,
             KV_DESC=latent_descs[0] is not None,
             LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
-            **launch_constexprs(config, latent_chunk(config, page_size, block_n, block_r, latent_descs)),
+            **launch_constexprs(config, chunk, latent_desc, device),
         )
         if splits > 1:
             combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units, after_partials_kernel=True)

@@ -62,6 +62,7 @@ from .mla import (
     as_kv_scale,
     latent_chunk,
     latent_descriptors,
+    latent_device_desc,
     launch_constexprs,
     check_latent_cache,
     check_sm_scale,
@@ -287,6 +288,10 @@ def flash_mla_prefill(
 
     qn_s, qp_s = q_nope.stride(), q_pe.stride()
     latent_descs = latent_descriptors(cache, R, config, block_n, block_dv, device)
+    # 2D latent tiles through device-side descriptors (XPU with Intel's Triton >= 3.4) or block
+    # pointers; ragged q rows are (token, head) pairs, read through pointers
+    latent_desc = bool(config.get("latent_chunk")) and latent_device_desc(cache, R)
+    chunk = latent_chunk(config, page_size, block_n, block_r, latent_descs, latent_desc)
     with device_guard(device):
         _mla_attention_kernel[grid](
             q_nope, q_pe, 0, qn_s[0], qn_s[1], 0, qp_s[0], qp_s[1],
@@ -308,7 +313,7 @@ def flash_mla_prefill(
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=True, CAUSAL=causal,
             KV_DESC=latent_descs[0] is not None,
-            **launch_constexprs(config, latent_chunk(config, page_size, block_n, block_r, latent_descs)),
+            **launch_constexprs(config, chunk, latent_desc, device),
         )
     if out is not dest:
         dest.copy_(out)

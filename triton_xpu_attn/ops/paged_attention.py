@@ -55,6 +55,7 @@ from .._common import (
     tile_row,
     clamp_page,
     register_xpu_compile,
+    rows_descriptor,
     softmax_step,
     validate_lengths_and_pages,
     validate_query_offsets,
@@ -128,32 +129,16 @@ def _accumulate(acc, alpha, p, v, DOT_PRECISION: tl.constexpr, RESCALE: tl.const
     return tl.dot(p, v, acc, out_dtype=tl.float32, input_precision=DOT_PRECISION)
 
 
-if hasattr(tl, "make_tensor_descriptor"):
-    @triton.jit
-    def _rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
-        """Device-side tensor descriptor over ``rows`` cache rows of ``width`` elements from
-        ``base`` (the tile's first visible row), read in ``[BLOCK_ROWS, BLOCK_W]`` blocks: a block
-        loaded at row ``-skip`` covers the whole key tile, and rows outside ``[0, rows)`` (no query
-        sees them) and columns past ``width`` read 0. The 2D load Intel's Triton >= 3.5 prefers
-        (``tl.make_tensor_descriptor``; ``KV_LOAD = 3``)."""
-        return tl.make_tensor_descriptor(base, shape=[rows, width], strides=[stride_tok, 1],
-                                         block_shape=[BLOCK_ROWS, BLOCK_W])
-else:
-    @triton.jit
-    def _rows_descriptor(base, stride_tok, width, rows, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
-        """Triton without ``tl.make_tensor_descriptor`` (triton-xpu 3.3): never called (the
-        launcher asks for ``KV_LOAD = 3`` only where ``device.device_descriptors()``); its body
-        names nothing that Triton lacks, so the kernel's other paths still compile there."""
-        return base
-
-
 @triton.jit
-def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.constexpr):
+def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.constexpr, QO_DESC: tl.constexpr = False):
     """Columns ``col .. col + SCORE_CHUNK - 1`` of the program's q rows: ``q`` is a block
-    pointer (``QO_BLOCK``) or a pointer tensor over the first chunk (rows no query owns point at a
-    valid row; they are never stored); columns past ``head_dim`` read 0."""
+    pointer (``QO_BLOCK``), a device-side tensor descriptor whose block 0 holds the rows
+    (``QO_DESC``) or a pointer tensor over the first chunk (rows no query owns point at a valid
+    row; they are never stored); columns past ``head_dim`` read 0."""
     if QO_BLOCK:
         chunk = tl.load(tl.advance(q, (0, col)), boundary_check=(0, 1), padding_option="zero")
+    elif QO_DESC:
+        chunk = q.load([0, col])
     else:
         chunk = tl.load(q + col, mask=(col + tl.arange(0, SCORE_CHUNK))[None, :] < head_dim, other=0.0)
     return chunk
@@ -161,11 +146,15 @@ def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.const
 
 @triton.jit
 def _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr,
-               SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a block-pointer key tile."""
-    k = tl.load(block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
-                            SCORE_CHUNK, True),
-                boundary_check=(0, 1), padding_option="zero")
+               SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_LOAD: tl.constexpr = 2):
+    """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a key tile read through block
+    pointers (``KV_LOAD = 2``) or device-side tensor descriptors (3)."""
+    if KV_LOAD == 3:  # the tile's whole rows, read at column col (no descriptor of zero columns)
+        k = tl.trans(rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, SCORE_CHUNK).load([-skip, col]))
+    else:
+        k = tl.load(block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
+                                SCORE_CHUNK, True),
+                    boundary_check=(0, 1), padding_option="zero")
     return _score_dot(q_chunk, k, DOT_PRECISION)
 
 
@@ -190,6 +179,25 @@ def _query_rows_block(base, q_start, q_len, q_tile, kv_head, head_block, group_s
 
 
 @triton.jit
+def _query_rows_desc(base, q_start, q_len, q_tile, kv_head, head_block, group_size, stride_t, stride_h, width,
+                     BLOCK_Q: tl.constexpr, HEADS_PER_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr):
+    """``_query_rows_block``'s rows as a device-side tensor descriptor (``QO_DESC``, Intel GPUs
+    where Triton has descriptors) whose block at ``[0, 0]`` holds them: the descriptor starts at
+    the program's first row, so rows past the group / the request are outside it (read 0, never
+    written). q / out must be 16-byte aligned with aligned row pitches (the launcher checks)."""
+    if BLOCK_Q == 1:
+        first = kv_head * group_size + head_block * HEADS_PER_BLOCK
+        desc = rows_descriptor(base + (q_start + q_tile).to(tl.int64) * stride_t + first.to(tl.int64) * stride_h,
+                               stride_h, width, (kv_head + 1) * group_size - first, HEADS_PER_BLOCK, BLOCK_W)
+    else:
+        head = kv_head * group_size + head_block
+        first = q_tile * BLOCK_Q
+        desc = rows_descriptor(base + head.to(tl.int64) * stride_h + (q_start + first).to(tl.int64) * stride_t,
+                               stride_t, width, tl.maximum(q_len - first, 0), BLOCK_Q, BLOCK_W)
+    return desc
+
+
+@triton.jit
 def _tile(
     q, acc, m_i, l_i, n0, kv_start, key_lo, end, masked, row_lo, row_hi, qk_scale, softcap,
     pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok,
@@ -197,17 +205,18 @@ def _tile(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
-    INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False,
+    INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False, QO_DESC: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
     ``KV_LOAD = 2`` (a tile inside one page, or contiguous K/V), block pointers over the tile's
     visible rows (2D block reads on Intel GPUs), with ``KV_LOAD = 3`` device-side tensor
-    descriptors over them (Triton >= 3.4; Intel's >= 3.5 lowers them to 2D block reads). Keys outside ``[key_lo, end)`` are not loaded: no
+    descriptors over them (Triton >= 3.4; Intel's Triton lowers them to 2D block reads). Keys outside ``[key_lo, end)`` are not loaded: no
     query may see them, and a freed slot can hold NaN (masking the score would not stop
-    ``0 * NaN`` in ``P @ V``). ``SCORE_CHUNK > 0`` (block pointers only): the score dot runs over
+    ``0 * NaN`` in ``P @ V``). ``SCORE_CHUNK > 0`` (``KV_LOAD`` 2 or 3): the score dot runs over
     head-dim chunks of that width, q read chunk by chunk (``q`` is then a block pointer when
-    ``QO_BLOCK``, else a pointer tensor, over its first chunk), so no sub-group holds the whole
+    ``QO_BLOCK``, a tensor descriptor when ``QO_DESC``, else a pointer tensor, over its first
+    chunk), so no sub-group holds the whole
     ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128). A page id outside the
     ``pool_size`` pages of the cache is never followed (``validate=False`` trusts the table): the
     pool's last page is read in its place (``clamp_page``). ``PAGE_IDS_GIVEN``: pages shorter than
@@ -232,7 +241,8 @@ def _tile(
             k_tile = k_base + page * stride_k_page + first * stride_k_tok
             v_tile = v_base + page * stride_v_page + first * stride_v_tok
         if KV_LOAD == 3:
-            k = tl.trans(_rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, BLOCK_D).load([-skip, 0]))
+            if SCORE_CHUNK == 0:
+                k = tl.trans(rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, BLOCK_D).load([-skip, 0]))
         elif SCORE_CHUNK == 0:
             k = tl.load(block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, BLOCK_D, True),
                         boundary_check=(0, 1), padding_option="zero")
@@ -276,9 +286,9 @@ def _tile(
         )
     if SCORE_CHUNK > 0:
         for c in tl.static_range(BLOCK_D // SCORE_CHUNK):
-            q_chunk = _query_chunk(q, c * SCORE_CHUNK, head_dim, SCORE_CHUNK, QO_BLOCK)
+            q_chunk = _query_chunk(q, c * SCORE_CHUNK, head_dim, SCORE_CHUNK, QO_BLOCK, QO_DESC)
             part = _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, c * SCORE_CHUNK, BLOCK_N,
-                              SCORE_CHUNK, DOT_PRECISION)
+                              SCORE_CHUNK, DOT_PRECISION, KV_LOAD)
             s = part if c == 0 else s + part
         s = _logits(s * qk_scale, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
         operand_dtype = q_chunk.dtype
@@ -287,7 +297,7 @@ def _tile(
         operand_dtype = q.dtype
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
     if KV_LOAD == 3:
-        v = _rows_descriptor(v_tile, stride_v_tok, head_dim_v, rows, BLOCK_N, BLOCK_DV).load([-skip, 0])
+        v = rows_descriptor(v_tile, stride_v_tok, head_dim_v, rows, BLOCK_N, BLOCK_DV).load([-skip, 0])
     elif KV_LOAD == 2:
         v = tl.load(block_rows(v_tile, stride_v_tok, head_dim_v, rows, skip, BLOCK_N, BLOCK_DV, False),
                     boundary_check=(0, 1), padding_option="zero")
@@ -504,6 +514,7 @@ def _paged_attention_kernel(
     NUM_DV: tl.constexpr = 1,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
+    QO_DESC: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written: by the padding program (_nan_rows_past_grid),
@@ -635,14 +646,21 @@ def _paged_attention_kernel(
                 return
     # with block-pointer K/V (XPU) q and out go through block pointers where the program's rows
     # form a plain 2D block (2D block IO; Q arrives in the dot's layout without an SLM round trip)
+    # (QO_DESC, asked by the launcher on Intel GPUs: the same rows through device-side tensor
+    # descriptors, with descriptor K/V)
     QO_BLOCK: tl.constexpr = KV_LOAD == 2 and (BLOCK_Q == 1 or HEADS_PER_BLOCK == 1)
-    # head-dim chunks of the score dot: a block-pointer path only (0 elsewhere: one dot)
-    D_CHUNK: tl.constexpr = SCORE_CHUNK if KV_LOAD == 2 else 0
+    Q_DESC: tl.constexpr = (QO_DESC and KV_LOAD == 3) and (BLOCK_Q == 1 or HEADS_PER_BLOCK == 1)
+    # head-dim chunks of the score dot: the block-pointer and device-descriptor paths only (0
+    # elsewhere: one dot)
+    D_CHUNK: tl.constexpr = SCORE_CHUNK if KV_LOAD >= 2 else 0
     if D_CHUNK > 0:
         # q stays in memory, read a head-dim chunk at a time beside each K^T chunk (_query_chunk)
         if QO_BLOCK:
             q = _query_rows_block(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t,
                                   stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, D_CHUNK)
+        elif Q_DESC:
+            q = _query_rows_desc(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t,
+                                 stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, D_CHUNK)
         else:
             q_token = tl.where(row_valid, token, 0)  # rows no query owns read row 0 (never stored)
             q_row_head = tl.where(row_valid, q_head, kv_head * group_size)
@@ -651,6 +669,9 @@ def _paged_attention_kernel(
         q = tl.load(_query_rows_block(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t,
                                       stride_q_h, head_dim, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_D),
                     boundary_check=(0, 1), padding_option="zero")
+    elif Q_DESC:
+        q = _query_rows_desc(q_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_q_t, stride_q_h,
+                             head_dim, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_D).load([0, 0])
     else:
         q = tl.load(
             q_ptr + token[:, None] * stride_q_t + q_head[:, None] * stride_q_h + d[None, :],
@@ -790,7 +811,7 @@ def _paged_attention_kernel(
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH)
+                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -820,6 +841,9 @@ def _paged_attention_kernel(
             tl.store(_query_rows_block(out_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_o_t,
                                        stride_o_h, head_dim_v, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV),
                      o.to(out_ptr.dtype.element_ty), boundary_check=(0, 1))
+        elif Q_DESC:
+            _query_rows_desc(out_ptr, q_start, q_rows, q_tile, kv_head, head_block, group_size, stride_o_t, stride_o_h,
+                             head_dim_v, BLOCK_Q, HEADS_PER_BLOCK, BLOCK_DV).store([0, 0], o.to(out_ptr.dtype.element_ty))
         else:
             tl.store(
                 out_ptr + token[:, None] * stride_o_t + q_head[:, None] * stride_o_h + dv[None, :],
@@ -863,6 +887,7 @@ def _register_compile_variants():
         HAS_SEQUSED_Q=False, PREFETCH_PAGES=False, NUM_DV=1,  # the launcher asks for the prefetch on CUDA only
         LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
         HEADS_FIRST=False,  # a CUDA grid order (one-query decode)
+        QO_DESC=False,  # descriptor q / out go with descriptor K/V (KV_LOAD 3: not triton-xpu 3.3)
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -972,8 +997,11 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
     compiler facts, no Intel GPU timed them. Warps split the query rows, so each sub-group holds
     the whole ``[D, BLOCK_N]`` K^T and ``[BLOCK_N, Dv]`` V tiles: 64-key tiles at D = 128 fill the
     256-GRF file (~11 KB spilled at 1-32 warps), 32 keys do not (16 at D > 128). Pages of 16
-    tokens take 16-key tiles (a tile must lie in one page for the block pointers); shorter pages
-    gather rows through pointers. fp8 caches take 16-key tiles on 16 warps (32 keys on 8 warps
+    tokens take 16-key tiles (a tile must lie in one page for a 2D read); shorter pages gather
+    rows through pointers. Tiles in one page ask for 2D reads both ways, ``kv_device_desc`` and
+    ``kv_block_ptr``: the launcher takes device-side tensor descriptors where Triton builds them
+    (Intel's 3.4 on: the 2D load newer Intel Triton prefers) and block pointers where only they
+    exist (triton-xpu 3.3), ``_kv_load``. fp8 caches take 16-key tiles on 16 warps (32 keys on 8 warps
     spill 320 B at D = 128, 448 B at 64 packed heads: the dequantised K^T beside the 8-bit one).
     Above D = 128 prefill tiles hold one head's tokens (``pack_gqa`` off) and fp8 decode runs the
     score dot over head-dim chunks (``score_chunk``) on 32-key tiles. Used by the heuristic on XPU
@@ -983,14 +1011,15 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
     block_n = 32 if chunked or not (wide or fp8_kv) else 16
     if 16 <= page_size < block_n:
         block_n = page_size
-    kv_block_ptr = page_size == 0 or page_size >= block_n
+    in_page = page_size == 0 or page_size >= block_n  # every key tile inside one page: 2D reads
     tiles = dict(
         BLOCK_N=block_n,
         BLOCK_M=64 if decode_like or wide else 128,
         num_warps=8 if decode_like and not fp8_kv else 16,
-        num_stages=1 if kv_block_ptr else 2,
+        num_stages=1 if in_page else 2,
         grf_mode="256",
-        kv_block_ptr=kv_block_ptr,
+        kv_block_ptr=in_page,
+        kv_device_desc=in_page,
     )
     if wide and not decode_like:
         # GQA prefill tiles at D > 128 take one head's tokens: q and out become 2D blocks (packed
@@ -1117,15 +1146,18 @@ def _kv_descriptors(k: torch.Tensor, v: torch.Tensor, page_size: int, config: di
 
 def query_heads_per_block(group_size: int, max_q: int | None, config: dict | None = None) -> int:
     """Query heads one program packs as rows (``HEADS_PER_BLOCK``): the group's, rounded up to a
-    power of two, at most 64. With block-pointer K/V (``kv_block_ptr``) and one query a request,
-    at least 16 (heads past the group are out of bounds) instead of a few heads times padded
-    tokens, so q and out are plain 2D blocks (the kernel's ``QO_BLOCK``: 2D block IO, no layout
-    conversion through SLM; XPU native code: bench/results/xpu_codegen.md). A config with
-    ``pack_gqa`` false asks for one head's tokens (1), as FlashAttention-3's ``pack_gqa=False``."""
+    power of two, at most 64. With block-pointer K/V (``kv_block_ptr``; on XPU device-side
+    descriptor K/V, ``kv_device_desc``, too) and one query a request, at least 16 (heads past the
+    group are out of bounds) instead of a few heads times padded tokens, so q and out are plain
+    2D blocks (the kernel's ``QO_BLOCK`` / ``QO_DESC``: 2D block IO, no layout conversion through
+    SLM; XPU native code: bench/results/xpu_codegen.md). A config with ``pack_gqa`` false asks
+    for one head's tokens (1), as FlashAttention-3's ``pack_gqa=False``."""
     if config is not None and config.get("pack_gqa") is False:
         return 1
     heads = min(next_power_of_2(group_size), 64)
-    if config is not None and config.get("kv_block_ptr") and max_q == 1:
+    two_d = config is not None and (config.get("kv_block_ptr")
+                                    or (config.get("kv_device_desc") and _device.backend() == "xpu"))
+    if two_d and max_q == 1:
         heads = max(heads, 16)
     return heads
 
@@ -1133,10 +1165,13 @@ def query_heads_per_block(group_size: int, max_q: int | None, config: dict | Non
 def _kv_load(page_size: int, config: dict, kv_descriptors, caches=()) -> int:
     """``KV_LOAD`` of a launch: 1 when K/V tensor descriptors were made (``_kv_descriptors``);
     where every key tile lies in one page (or contiguous K/V): 3, device-side tensor descriptors,
-    where the config asks for them (``kv_device_desc``), Triton has them
+    where the config asks for them (``kv_device_desc``), Triton builds them
     (``device.device_descriptors``) and the ``caches`` (K, V) are 16-byte aligned row by row; 2,
-    block pointers, where the config asks (``kv_block_ptr``) and Triton has them
-    (``device.block_pointers``); else 0, pointer loads."""
+    block pointers, where the config asks (``kv_block_ptr``) and Triton builds them
+    (``device.block_pointers``); else 0, pointer loads. The XPU tiles (``xpu_tiles``) ask for
+    both, so Intel's Triton with descriptors (3.4 on: 3.7 in torch's XPU wheels, Intel's main,
+    whose block pointers are removed) gets 3, triton-xpu 3.3 gets 2, and a Triton with neither
+    pointer loads."""
     if kv_descriptors is not None:
         return 1
     if page_size and page_size < config["BLOCK_N"]:
@@ -1149,16 +1184,28 @@ def _kv_load(page_size: int, config: dict, kv_descriptors, caches=()) -> int:
 
 
 def _rows_aligned(cache: torch.Tensor) -> bool:
-    """A device-side descriptor's base and row pitch must be 16-byte aligned (TMA on Hopper)."""
+    """A device-side descriptor's base and row pitch must be 16-byte aligned (TMA on Hopper,
+    Intel's descriptor rules)."""
     size = cache.element_size()
     return cache.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in cache.stride()[:-1])
 
 
 def score_chunk(config: dict, kv_load: int, head_dim: int) -> int:
     """``SCORE_CHUNK`` of a launch: the config's ``score_chunk`` (head-dim columns per score dot)
-    where K/V use block pointers and it is narrower than the padded head dim; else 0 (one dot)."""
+    where K/V use block pointers or device-side descriptors (``KV_LOAD`` 2 or 3) and it is
+    narrower than the padded head dim; else 0 (one dot)."""
     chunk = config.get("score_chunk", 0)
-    return chunk if kv_load == 2 and 0 < chunk < next_power_of_2(head_dim) else 0
+    return chunk if kv_load in (2, 3) and 0 < chunk < next_power_of_2(head_dim) else 0
+
+
+def query_rows_descriptors(kv_load: int, block_q: int, heads_per_block: int, q: torch.Tensor,
+                           out: torch.Tensor) -> bool:
+    """``QO_DESC`` of a launch: q and out through device-side tensor descriptors, on Intel GPUs
+    with descriptor K/V (``KV_LOAD = 3``) where a program's rows form a plain 2D block (one
+    token's heads, ``BLOCK_Q = 1``, or one head's tokens) and both are 16-byte aligned row by
+    row, as block-pointer K/V reads them through block pointers (the kernel's ``QO_BLOCK``)."""
+    return (kv_load == 3 and _device.backend() == "xpu" and (block_q == 1 or heads_per_block == 1)
+            and _rows_aligned(q) and _rows_aligned(out))
 
 
 def _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q,
@@ -1593,6 +1640,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 0)),
         LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
         HEADS_FIRST=heads_first,
+        QO_DESC=query_rows_descriptors(kv_load, block_q, heads_per_block, q, out),
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
