@@ -221,6 +221,8 @@ CPU_CALLS = {
     "flash_mla_prefill": ("q_nope", lambda: tx.flash_mla_prefill(
         torch.zeros(5, 3, 32), torch.zeros(5, 3, 16), torch.zeros(4, 4, 48), _i32([0, 2, 5]), _i32([3, 5]), 3,
         _i32([[0, 1], [2, 3]]), None, 0.1)),
+    "flash_mla_sparse_fwd": ("q", lambda: tx.flash_mla_sparse_fwd(
+        torch.zeros(2, 4, 64), torch.zeros(5, 1, 64), torch.zeros(2, 1, 3, dtype=torch.int32), 0.1, 64)),
     "merge_state_v2": ("v_a", lambda: tx.merge_state_v2(
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "merge_state": ("v_a", lambda: tx.merge_state(

@@ -30,6 +30,8 @@ custom op                              wraps / differences from the public funct
                                        tensor or None; no ``validate``; always returns
                                        ``(out, lse)`` (``lse`` of shape ``[0]`` unless
                                        ``return_lse``)
+``flash_mla_sparse_fwd``               no ``out``/``max_logits``/``lse`` outputs to write
+                                       into; returns ``(out, max_logits, lse)``
 ``merge_state_v2``, ``merge_state``   return ``(v_merged, s_merged)``
 ``merge_state_v2_out``, ``merge_state_out``  write ``v_merged``, ``s_merged`` in place
 ``normalize_page_table``               ``max_pages`` required (the output width must not depend on
@@ -65,6 +67,7 @@ from .ops import merge_state as _merge
 from .ops import mla as _mla_family
 from .ops import mla_decode as _mla
 from .ops import mla_prefill as _mla_prefill
+from .ops import mla_sparse as _mla_sparse
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
@@ -78,6 +81,7 @@ __all__ = [
     "flash_attn_with_kvcache_out",
     "flash_mla_decode",
     "flash_mla_prefill",
+    "flash_mla_sparse_fwd",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
     "merge_state",
@@ -326,6 +330,32 @@ def flash_mla_prefill(
 def _(q_nope, q_pe, kv_c_and_k_pe_cache, cu_seqlens_q, seq_lens_k, max_seqlen_q, page_table, workspace, sm_scale,
       causal=True, num_kv_splits=-1, return_lse=False, kv_scale=None, head_dim_v=None):
     return _mla_fake_outputs(q_nope, q_pe, head_dim_v, return_lse)
+
+
+# ------------------------------------------------------------------------------------------
+# DeepSeek sparse attention (DSA) prefill
+# ------------------------------------------------------------------------------------------
+
+
+@_op("flash_mla_sparse_fwd")
+def flash_mla_sparse_fwd(
+    q: Tensor,
+    kv: Tensor,
+    indices: Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink: Optional[Tensor] = None,
+    topk_length: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_mla_sparse_fwd` as a custom op: ``(out, max_logits, lse)``."""
+    return tuple(_mla_sparse.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length))
+
+
+@flash_mla_sparse_fwd.register_fake
+def _(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    s_q, h_q = q.shape[0], q.shape[1]
+    return (q.new_empty((s_q, h_q, d_v)), q.new_empty((s_q, h_q), dtype=torch.float32),
+            q.new_empty((s_q, h_q), dtype=torch.float32))
 
 
 # ------------------------------------------------------------------------------------------

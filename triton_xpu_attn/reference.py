@@ -451,3 +451,58 @@ def mla_prefill(
                           page_table[b : b + 1], sm_scale, kv_scale=kv_scale, dtype=dtype, causal=causal)
         out[q0:q1], lse[q0:q1] = o[0], s[0]
     return out, lse
+
+
+# ---- DeepSeek sparse attention (DSA) prefill ----
+
+
+def mla_sparse_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink=None,
+    topk_length=None,
+    dtype: torch.dtype = torch.float64,
+):
+    """Sparse attention of each query token over the rows of ``kv`` its index list selects
+    (FlashMLA's ``flash_mla_sparse_fwd``, as its ``tests/ref.py`` defines it).
+
+    ``q [s_q, h_q, d_qk]``, ``kv [s_kv, h_kv, d_qk]``, ``indices [s_q, h_kv, topk]``. Query head
+    ``h`` reads KV head ``h // (h_q // h_kv)``. Entry ``i`` of token ``t`` counts iff
+    ``i < topk_length[t]`` (all entries without ``topk_length``) and its index lies in
+    ``[0, s_kv)``; an index listed twice counts twice. Over the counted entries: logits
+    ``z = sm_scale * q . kv_row`` (all ``d_qk`` channels), ``max_logits = max z``,
+    ``lse = logsumexp z`` (natural log), ``out = softmax(z) @ kv_rows[:, :d_v]``, scaled by
+    ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` when a sink is given (the sink changes neither
+    ``max_logits`` nor ``lse``). A token with no counted entry gives out 0, ``max_logits`` -inf and
+    ``lse`` +inf. Only the selected rows of ``kv`` are read. Returns ``(out [s_q, h_q, d_v],
+    max_logits [s_q, h_q], lse [s_q, h_q])`` in ``dtype``.
+    """
+    s_q, h_q, d_qk = q.shape
+    s_kv, h_kv = kv.shape[0], kv.shape[1]
+    topk = indices.shape[-1]
+    group = h_q // h_kv
+    device = q.device
+    out = torch.zeros(s_q, h_q, d_v, dtype=dtype, device=device)
+    max_logits = torch.full((s_q, h_q), -math.inf, dtype=dtype, device=device)
+    lse = torch.full((s_q, h_q), math.inf, dtype=dtype, device=device)
+    for t in range(s_q):
+        n = topk if topk_length is None else min(max(int(topk_length[t]), 0), topk)
+        for g in range(h_kv):
+            chosen = [int(i) for i in indices[t, g, :n] if 0 <= int(i) < s_kv]
+            if not chosen:
+                continue
+            rows = kv[torch.tensor(chosen, dtype=torch.long, device=kv.device), g].to(dtype)  # [n, d_qk]
+            heads = slice(g * group, (g + 1) * group)
+            z = (q[t, heads].to(dtype) @ rows.T) * sm_scale  # [group, n]
+            row_lse = torch.logsumexp(z, dim=-1)
+            o = torch.softmax(z, dim=-1) @ rows[:, :d_v]
+            if attn_sink is not None:
+                # exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink): 0 for a +inf sink, 1 for -inf
+                o = o * torch.sigmoid(row_lse - attn_sink[heads].to(dtype))[:, None]
+            out[t, heads] = o
+            max_logits[t, heads] = z.max(dim=-1).values
+            lse[t, heads] = row_lse
+    return out, max_logits, lse

@@ -6,6 +6,9 @@ Names (sglang 0.5.23, ``sglang/srt/layers/attention/xpu_backend.py`` and its imp
 ``flash_mla_decode``, ``flash_mla_decode_get_workspace_size`` (old name
 ``flash_mla_get_workspace_size`` kept), ``flash_mla_prefill``,
 ``flash_mla_prefill_get_workspace_size``, ``merge_state`` (v1: base-2 LSEs) and ``merge_state_v2``,
+``flash_mla_sparse_fwd`` (DeepSeek sparse attention prefill: sglang 0.5.23's DeepSeek-V4 backend
+imports it from the root on XPU; sgl-kernel-xpu also defines it in the submodule
+``sgl_kernel.attention``, provided here too),
 ``store_cache_xpu`` (imported by
 ``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
 (``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
@@ -14,16 +17,18 @@ from __future__ import annotations
 
 import torch
 
-from triton_xpu_attn import (
+from triton_xpu_attn import flash_mla_decode_get_workspace_size
+
+from . import attention  # noqa: F401  (sgl_kernel.attention is a submodule, as in sgl-kernel-xpu)
+from .attention import (  # the root re-exports them, as sgl-kernel-xpu's does
     flash_mla_decode,
-    flash_mla_decode_get_workspace_size,
     flash_mla_get_workspace_size,
     flash_mla_prefill,
     flash_mla_prefill_get_workspace_size,
+    flash_mla_sparse_fwd,
     merge_state,
     merge_state_v2,
 )
-
 from . import flash_attn  # noqa: F401  (sgl_kernel.flash_attn is a submodule, as in sgl-kernel-xpu)
 from .._stand_ins import unprovided
 
@@ -77,12 +82,14 @@ _NON_ATTENTION = {
 globals().update({name: unprovided("sgl_kernel", name, what) for name, what in _NON_ATTENTION.items()})
 
 __all__ = [
+    "attention",
     "flash_attn",
     "flash_mla_decode",
     "flash_mla_decode_get_workspace_size",
     "flash_mla_get_workspace_size",
     "flash_mla_prefill",
     "flash_mla_prefill_get_workspace_size",
+    "flash_mla_sparse_fwd",
     "merge_state",
     "merge_state_v2",
     "store_cache_xpu",
