@@ -174,6 +174,17 @@ def check_mla_prefill(dev, dtype, gen):
     return _max_rel(out, expected), ms
 
 
+def check_mla_sparse(dev, dtype, gen):
+    tokens, heads, s_kv, topk, d_qk = 3, 16, 40, 24, 576
+    q = torch.randn(tokens, heads, d_qk, generator=gen).to(dtype)
+    kv = torch.randn(s_kv, 1, d_qk, generator=gen).to(dtype)
+    indices = torch.randint(-1, s_kv, (tokens, 1, topk), generator=gen, dtype=torch.int32)  # -1: padding
+    scale = d_qk**-0.5
+    (out, _, _), ms = _timed(lambda: tx.flash_mla_sparse_fwd(q.to(dev), kv.to(dev), indices.to(dev), scale))
+    expected, _, _ = ref.mla_sparse_fwd(q, kv, indices, scale)
+    return _max_rel(out, expected), ms
+
+
 CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
     ("flash_attn_varlen_func", "paged_attention", check_varlen_attention, True),
@@ -185,6 +196,7 @@ CHECKS = [
     ("prepare_swa_spec_page_table", None, check_swa_spec, False),
     ("flash_mla_decode", "mla_decode", check_mla_decode, True),
     ("flash_mla_prefill", "mla_prefill", check_mla_prefill, True),
+    ("flash_mla_sparse_fwd", "mla_sparse", check_mla_sparse, True),
 ]
 
 
