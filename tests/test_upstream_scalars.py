@@ -53,22 +53,15 @@ def _call(path: str, s: dict):
     """One attention call through ``path`` with the scalars ``s`` (BASE's names)."""
     common = dict(softmax_scale=s["softmax_scale"], causal=s["causal"], window_size=s["window_size"],
                   softcap=s["softcap"])
-    if path == "root-paged":
-        return triton_xpu_attn.flash_attn_with_kvcache(
+    # the package root and sgl_kernel.flash_attn share a signature: one call each, by module
+    module = {"root": triton_xpu_attn, "sgl": sgl_flash_attn}.get(path.split("-")[0])
+    if module is not None and path.endswith("-paged"):
+        return module.flash_attn_with_kvcache(
             T["q"], T["k_cache"], T["v_cache"], cache_seqlens=T["lens"], page_table=T["page_table"],
             cu_seqlens_q=T["cu_q"], max_seqlen_q=s["max_seqlen_q"], max_seqlen_k=s["max_seqlen_k"],
             num_splits=s["num_splits"], **common)
-    if path == "root-varlen":
-        return triton_xpu_attn.flash_attn_varlen_func(
-            T["q"], T["k"], T["v"], T["cu_q"], T["cu_k"], s["max_seqlen_q"], s["max_seqlen_k"],
-            num_splits=s["num_splits"], **common)
-    if path == "sgl-paged":
-        return sgl_flash_attn.flash_attn_with_kvcache(
-            T["q"], T["k_cache"], T["v_cache"], cache_seqlens=T["lens"], page_table=T["page_table"],
-            cu_seqlens_q=T["cu_q"], max_seqlen_q=s["max_seqlen_q"], max_seqlen_k=s["max_seqlen_k"],
-            num_splits=s["num_splits"], **common)
-    if path == "sgl-varlen":
-        return sgl_flash_attn.flash_attn_varlen_func(
+    if module is not None:
+        return module.flash_attn_varlen_func(
             T["q"], T["k"], T["v"], T["cu_q"], T["cu_k"], s["max_seqlen_q"], s["max_seqlen_k"],
             num_splits=s["num_splits"], **common)
     if path == "vllm-paged":
