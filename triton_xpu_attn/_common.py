@@ -399,13 +399,30 @@ def online_max(m_i, tile_max):
 
 
 @triton.jit
-def softmax_step(s, m_i, l_i):
+def softmax_step(s, m_i, l_i, scale=1.0, SCALE_IN_EXP: tl.constexpr = False):
     """Kernel helper: online-softmax update of one score tile ``s`` (log2 units) against the
     running row maxima ``m_i`` and sums ``l_i``: (probabilities, rescale of the running sums, new
-    max, new sum); a row that has seen no key yet gets probabilities 0."""
-    m_new, m_safe, alpha = online_max(m_i, tl.max(s, axis=1))
-    p = tl.exp2(s - m_safe[:, None])
+    max, new sum); a row that has seen no key yet gets probabilities 0. ``SCALE_IN_EXP``: ``s``
+    holds unscaled scores and ``scale`` (> 0) their factor to log2 units (see ``exp2_shifted``)."""
+    tile_max = tl.max(s, axis=1)
+    if SCALE_IN_EXP:
+        tile_max = tile_max * scale
+    m_new, m_safe, alpha = online_max(m_i, tile_max)
+    p = exp2_shifted(s, scale, m_safe, SCALE_IN_EXP)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def exp2_shifted(s, scale, m_safe, SCALE_IN_EXP: tl.constexpr):
+    """``2 ** (s - m_safe)`` per row, or with ``SCALE_IN_EXP`` ``2 ** (s * scale - m_safe)``: one
+    fused multiply-add a score instead of a multiply before the row max and a subtract after it
+    (the max of unscaled scores times a positive scale is the max of the scaled ones, rounding
+    being monotonic). Masked scores are -inf either way."""
+    if SCALE_IN_EXP:
+        p = tl.exp2(s * scale - m_safe[:, None])
+    else:
+        p = tl.exp2(s - m_safe[:, None])
+    return p
 
 
 def next_power_of_2(n: int) -> int:

@@ -50,6 +50,7 @@ from .._common import (
     gdc_launch_dependents,
     interpreter_float32,
     next_power_of_2,
+    exp2_shifted,
     online_max,
     paged_rows_descriptors,
     tile_row,
@@ -91,10 +92,13 @@ def _find_request(cu_seqlens_q_ptr, pid, batch, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap,
-                 HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr = False):
     """Base-2 logits of one key tile (``k`` is ``[D, BLOCK_N]``), soft-capped, then masked per
-    element only when ``masked`` (tiles some row sees only in part)."""
-    s = _score_dot(q, k, DOT_PRECISION) * qk_scale
+    element only when ``masked`` (tiles some row sees only in part); with ``SCALE_IN_EXP`` the
+    unscaled scores, masked (the softmax applies ``qk_scale`` inside its exponent)."""
+    s = _score_dot(q, k, DOT_PRECISION)
+    if not SCALE_IN_EXP:
+        s = s * qk_scale
     return _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
 
 
@@ -206,6 +210,7 @@ def _tile(
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
     INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False, QO_DESC: tl.constexpr = False,
+    SCALE_IN_EXP: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
@@ -290,12 +295,15 @@ def _tile(
             part = _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, c * SCORE_CHUNK, BLOCK_N,
                               SCORE_CHUNK, DOT_PRECISION, KV_LOAD)
             s = part if c == 0 else s + part
-        s = _logits(s * qk_scale, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
+        if not SCALE_IN_EXP:
+            s = s * qk_scale
+        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
         operand_dtype = q_chunk.dtype
     else:
-        s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+        s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION,
+                         SCALE_IN_EXP)
         operand_dtype = q.dtype
-    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, SCALE_IN_EXP)
     if KV_LOAD == 3:
         v = rows_descriptor(v_tile, stride_v_tok, head_dim_v, rows, BLOCK_N, BLOCK_DV).load([-skip, 0])
     elif KV_LOAD == 2:
@@ -314,7 +322,7 @@ def _tile(
 def _descriptor_tile(
     q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
     k_desc, k_col, v_desc, v_col,
-    BLOCK_N: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr,
 ):
     """One key tile of whole valid rows of one page (cache row ``row`` on; ``PAGE_SIZE >= BLOCK_N``)
     through tensor descriptors over the caches seen as ``[pages * PAGE_SIZE, row]`` (TMA on Hopper, 2D block IO
@@ -322,8 +330,9 @@ def _descriptor_tile(
     may see can hold NaN, and ``0 * NaN`` in ``P @ V`` would reach the output."""
     key = n0 + tl.arange(0, BLOCK_N)
     k = tl.trans(k_desc.load([row, k_col]))
-    s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+    s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION,
+                     SCALE_IN_EXP)
+    p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, SCALE_IN_EXP)
     v = v_desc.load([row, v_col])
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
 
@@ -332,7 +341,7 @@ def _descriptor_tile(
 def _two_pages_tile(
     q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
     k_desc, k_col, v_desc, v_col,
-    PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr,
 ):
     """One key tile of two whole pages (``BLOCK_N = 2 * PAGE_SIZE``; cache rows ``row0``, ``row1``)
     through one tensor-descriptor load per page: a score dot per page, one softmax update for
@@ -340,12 +349,15 @@ def _two_pages_tile(
     key some row may see (as ``_descriptor_tile``)."""
     offs = tl.arange(0, PAGE_SIZE)
     s0 = _tile_scores(q, tl.trans(k_desc.load([row0, k_col])), n0 + offs, offs >= 0, row_lo, row_hi, masked,
-                      qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+                      qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP)
     s1 = _tile_scores(q, tl.trans(k_desc.load([row1, k_col])), n0 + PAGE_SIZE + offs, offs >= 0, row_lo, row_hi,
-                      masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    m_new, m_safe, alpha = online_max(m_i, tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)))
-    p0 = tl.exp2(s0 - m_safe[:, None])
-    p1 = tl.exp2(s1 - m_safe[:, None])
+                      masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP)
+    tile_max = tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1))
+    if SCALE_IN_EXP:
+        tile_max = tile_max * qk_scale
+    m_new, m_safe, alpha = online_max(m_i, tile_max)
+    p0 = exp2_shifted(s0, qk_scale, m_safe, SCALE_IN_EXP)
+    p1 = exp2_shifted(s1, qk_scale, m_safe, SCALE_IN_EXP)
     l_i = l_i * alpha + tl.sum(p0, axis=1) + tl.sum(p1, axis=1)
     acc = _accumulate(acc, alpha, p0, v_desc.load([row0, v_col]).to(q.dtype), DOT_PRECISION)
     p1 = p1.to(q.dtype)  # before V's load: the instruction order that was measured (1.18-1.31x)
@@ -358,7 +370,7 @@ def _descriptor_tiles(
     q, acc, m_i, l_i, lo, hi, mask_lo, mask_hi, row_lo, row_hi, qk_scale, softcap, pt_row, kv_start,
     k_desc, k_col, v_desc, v_col,
     MASK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr,
 ):
     """The key tiles ``[lo, hi)`` (whole tiles, every key some row may see) through tensor
     descriptors: one load per tile (contiguous K/V, pages of whole tiles) or per page (two pages a
@@ -376,7 +388,7 @@ def _descriptor_tiles(
                 masked = (n0 < mask_lo) | (n0 >= mask_hi)
             acc, m_i, l_i = _descriptor_tile(
                 q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
-                k_desc, k_col, v_desc, v_col, BLOCK_N, HAS_SOFTCAP, DOT_PRECISION)
+                k_desc, k_col, v_desc, v_col, BLOCK_N, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP)
     else:
         HALF: tl.constexpr = BLOCK_N // 2
         next_row0 = tile_row(pt_row, kv_start, lo, hi, PAGE_SIZE)
@@ -391,7 +403,7 @@ def _descriptor_tiles(
                 masked = (n0 < mask_lo) | (n0 >= mask_hi)
             acc, m_i, l_i = _two_pages_tile(
                 q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
-                k_desc, k_col, v_desc, v_col, HALF, HAS_SOFTCAP, DOT_PRECISION)
+                k_desc, k_col, v_desc, v_col, HALF, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP)
     return acc, m_i, l_i
 
 
@@ -515,6 +527,7 @@ def _paged_attention_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     QO_DESC: tl.constexpr = False,
+    SCALE_IN_EXP: tl.constexpr = False,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written: by the padding program (_nan_rows_past_grid),
@@ -763,7 +776,8 @@ def _paged_attention_kernel(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
-                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER,
+                SCALE_IN_EXP=SCALE_IN_EXP)
         k_col = kv_head * stride_k_head
         v_col = kv_head * stride_v_head
         if CONTIGUOUS_KV:
@@ -774,23 +788,28 @@ def _paged_attention_kernel(
             whole_hi = tl.minimum(tl.maximum(mid_hi, whole_lo), desc_hi)
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, desc_lo, whole_lo, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
-                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
+                SCALE_IN_EXP)
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, whole_lo, whole_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
-                kv_start, k_desc, k_col, v_desc, v_col, 0, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+                kv_start, k_desc, k_col, v_desc, v_col, 0, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
+                SCALE_IN_EXP)
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, whole_hi, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
-                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+                kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
+                SCALE_IN_EXP)
         else:
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, desc_lo, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
-                kv_start, k_desc, k_col, v_desc, v_col, 2, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION)
+                kv_start, k_desc, k_col, v_desc, v_col, 2, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
+                SCALE_IN_EXP)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
-                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER)
+                BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER,
+                SCALE_IN_EXP=SCALE_IN_EXP)
     else:
         # per-key gathers (pages shorter than the tile): with PREFETCH_PAGES the page ids of a tile
         # are read one tile ahead, so its K/V gather never waits on the page-table read
@@ -811,7 +830,7 @@ def _paged_attention_kernel(
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC)
+                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC, SCALE_IN_EXP)
 
     has_key = l_i > 0.0
     v_scale = 1.0
@@ -888,6 +907,7 @@ def _register_compile_variants():
         LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
         HEADS_FIRST=False,  # a CUDA grid order (one-query decode)
         QO_DESC=False,  # descriptor q / out go with descriptor K/V (KV_LOAD 3: not triton-xpu 3.3)
+        SCALE_IN_EXP=False,  # a CUDA choice (IGC spills with it)
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -1641,6 +1661,12 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
         HEADS_FIRST=heads_first,
         QO_DESC=query_rows_descriptors(kv_load, block_q, heads_per_block, q, out),
+        # qk_scale applied inside the softmax's exponent, one FMA a score (a positive factor
+        # commutes with the row max; softcap and K descales keep scaled scores). H100 prefill
+        # 0.94-0.99x the time, decode unchanged (bench/results/NVIDIA_H100_80GB_HBM3/experiments/
+        # scale_in_exp.txt). Not on Intel GPUs: IGC spilled 64-192 B a thread on the PVC varlen and
+        # 16-token-page prefill tiles with it (0 without)
+        SCALE_IN_EXP=softcap <= 0 and k_scale is None and scale > 0 and _device.backend() != "xpu",
         **tune.launch_options(config),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
