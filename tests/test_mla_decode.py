@@ -408,3 +408,19 @@ def test_num_kv_splits_past_the_grid_limit_raises(splits):
     align = mla_mod._align
     assert flash_mla_get_workspace_size(4096, 2, 3, 4, 65535, head_dim_v=16) == (
         align(2 * 3 * 65535 * 16 * 4) + align(2 * 3 * 65535 * 4))
+
+
+@pytest.mark.parametrize("splits, q_len", [(1, 1), (2, 2)])
+def test_mla_decode_batch_past_the_grid_axis_launches_in_chunks(monkeypatch, splits, q_len):
+    """Requests are the grid's third axis (CUDA: at most 65535): a larger batch launches in chunks
+    of requests, each over its slice of q, lengths, page table, output and partials. The limit is
+    patched to 3 here: 7 requests in launches of 3, 3 and 1, every output against the reference."""
+    from helpers import GridRecorder
+
+    monkeypatch.setattr(mla_mod, "MAX_GRID_DIM_1", 3)
+    recorder = GridRecorder(mla_mod._mla_attention_kernel)
+    monkeypatch.setattr(mla_mod, "_mla_attention_kernel", recorder)
+    gen = torch.Generator().manual_seed(5)
+    case = _make_case(gen, 7, q_len, 16, _R, _DR, 4, 12, torch.float32, torch.float32, False, False)
+    _run_and_check(*case, torch.float32, splits, 0.3)
+    assert [grid[2] for grid in recorder.grids] == [3, 3, 1]

@@ -382,29 +382,36 @@ def flash_mla_decode(
         cache, R, q_nope if q_len == 1 else None, (qn_strides[0], qn_strides[2]))
     chunk = latent_chunk(config, page_size, block_n, block_r, latent_descs, latent_desc)
     with device_guard(device):
-        _mla_attention_kernel[grid](
-            q_nope, q_pe, *qn_strides, *qp_strides,
-            cache, cache.stride(0), cache.stride(1),
-            *latent_descs,
-            seq_lens, page_table, page_table.stride(0), max_pages, cache.shape[0],
-            scale_tensor if scale_tensor is not None else seq_lens,
-            target, *o_strides,
-            target_lse if target_lse is not None else out, *l_strides,
-            float(sm_scale) * host_scale * LOG2E, host_scale,
-            num_heads, splits,
-            seq_lens, 0, 0,  # cu_seqlens_q, batch, total_q: ragged mode only
-            Q_LEN=q_len, R=R, DR=DR, PAGE_SIZE=page_size,
-            BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_DR=block_dr, BLOCK_DV=block_dv,
-            HAS_KV_SCALE=scale_tensor is not None,
-            PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 1)),
-            SPLIT=splits > 1,
-            WRITE_LSE=splits > 1 or lse is not None,
-            DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
-            RAGGED=False, CAUSAL=True,
-            KV_DESC=latent_descs[0] is not None,
-            LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
-            **launch_constexprs(config, chunk, latent_desc, device),
-        )
+        # requests run on grid axis 2 (at most MAX_GRID_DIM_1): a larger batch launches in chunks
+        # of requests, each over its slice of the per-request tensors (one launch, no slicing, else)
+        chunked = batch > MAX_GRID_DIM_1
+        for b0 in range(0, batch, MAX_GRID_DIM_1):
+            b1 = min(batch, b0 + MAX_GRID_DIM_1)
+            r0, r1 = b0 * q_len, b1 * q_len  # rows of out / the partials
+            part = (lambda t, lo, hi: t[lo:hi]) if chunked else (lambda t, lo, hi: t)  # noqa: E731
+            _mla_attention_kernel[grid[:2] + (b1 - b0,)](
+                part(q_nope, b0, b1), part(q_pe, b0, b1), *qn_strides, *qp_strides,
+                cache, cache.stride(0), cache.stride(1),
+                *latent_descs,
+                part(seq_lens, b0, b1), part(page_table, b0, b1), page_table.stride(0), max_pages, cache.shape[0],
+                scale_tensor if scale_tensor is not None else seq_lens,
+                part(target, r0, r1), *o_strides,
+                part(target_lse, r0, r1) if target_lse is not None else out, *l_strides,
+                float(sm_scale) * host_scale * LOG2E, host_scale,
+                num_heads, splits,
+                seq_lens, 0, 0,  # cu_seqlens_q, batch, total_q: ragged mode only
+                Q_LEN=q_len, R=R, DR=DR, PAGE_SIZE=page_size,
+                BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_DR=block_dr, BLOCK_DV=block_dv,
+                HAS_KV_SCALE=scale_tensor is not None,
+                PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 1)),
+                SPLIT=splits > 1,
+                WRITE_LSE=splits > 1 or lse is not None,
+                DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
+                RAGGED=False, CAUSAL=True,
+                KV_DESC=latent_descs[0] is not None,
+                LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
+                **launch_constexprs(config, chunk, latent_desc, device),
+            )
         if splits > 1:
             combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units, after_partials_kernel=True)
     if out is not dest:
