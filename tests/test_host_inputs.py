@@ -223,6 +223,13 @@ CPU_CALLS = {
         _i32([[0, 1], [2, 3]]), None, 0.1)),
     "flash_mla_sparse_fwd": ("q", lambda: tx.flash_mla_sparse_fwd(
         torch.zeros(2, 4, 64), torch.zeros(5, 1, 64), torch.zeros(2, 1, 3, dtype=torch.int32), 0.1, 64)),
+    "fp8_mqa_logits": ("q_fp8", lambda: tx.fp8_mqa_logits(
+        torch.zeros(2, 4, 32, dtype=torch.uint8), (torch.zeros(5, 32, dtype=torch.uint8), torch.ones(5)),
+        torch.ones(2, 4), _i32([0, 1]), _i32([3, 5]))),
+    "fp8_paged_mqa_logits": ("q_fp8", lambda: tx.fp8_paged_mqa_logits(
+        torch.zeros(2, 1, 4, 32, dtype=torch.uint8), torch.zeros(3, 4, 1, 36, dtype=torch.uint8), torch.ones(2, 4),
+        _i32([3, 5]), _i32([[0, 1], [2, 0]]), None, 8)),
+    "get_paged_mqa_logits_metadata": ("context_lens", lambda: tx.get_paged_mqa_logits_metadata(_i32([3, 5]), 64, 4)),
     "merge_state_v2": ("v_a", lambda: tx.merge_state_v2(
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "merge_state": ("v_a", lambda: tx.merge_state(

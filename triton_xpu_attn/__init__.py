@@ -10,6 +10,7 @@ from .ops.merge_state import merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
 from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
 from .ops.mla_sparse import flash_mla_sparse_fwd
+from .ops.mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata
 from .ops.paged_attention import flash_attn_with_kvcache
 from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
 from .ops.swa_spec import prepare_swa_spec_page_table
@@ -27,6 +28,9 @@ __all__ = [
     "flash_mla_prefill",
     "flash_mla_prefill_get_workspace_size",
     "flash_mla_sparse_fwd",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
+    "get_paged_mqa_logits_metadata",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
     "merge_state",

@@ -32,6 +32,9 @@ custom op                              wraps / differences from the public funct
                                        ``return_lse``)
 ``flash_mla_sparse_fwd``               no ``out``/``max_logits``/``lse`` outputs to write
                                        into; returns ``(out, max_logits, lse)``
+``fp8_mqa_logits``                     ``k_fp8`` and ``k_scale`` as two arguments (not a pair)
+``fp8_paged_mqa_logits``               unchanged (``schedule_metadata`` a tensor or None)
+``get_paged_mqa_logits_metadata``      unchanged
 ``merge_state_v2``, ``merge_state``   return ``(v_merged, s_merged)``
 ``merge_state_v2_out``, ``merge_state_out``  write ``v_merged``, ``s_merged`` in place
 ``normalize_page_table``               ``max_pages`` required (the output width must not depend on
@@ -68,6 +71,7 @@ from .ops import mla as _mla_family
 from .ops import mla_decode as _mla
 from .ops import mla_prefill as _mla_prefill
 from .ops import mla_sparse as _mla_sparse
+from .ops import mqa_logits as _mqa_logits
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
@@ -82,6 +86,9 @@ __all__ = [
     "flash_mla_decode",
     "flash_mla_prefill",
     "flash_mla_sparse_fwd",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
+    "get_paged_mqa_logits_metadata",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
     "merge_state",
@@ -356,6 +363,45 @@ def _(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
     s_q, h_q = q.shape[0], q.shape[1]
     return (q.new_empty((s_q, h_q, d_v)), q.new_empty((s_q, h_q), dtype=torch.float32),
             q.new_empty((s_q, h_q), dtype=torch.float32))
+
+
+@_op("fp8_mqa_logits")
+def fp8_mqa_logits(q_fp8: Tensor, k_fp8: Tensor, k_scale: Tensor, weights: Tensor, ks: Tensor, ke: Tensor,
+                   clean_logits: bool = False) -> Tensor:
+    """:func:`triton_xpu_attn.fp8_mqa_logits` as a custom op (``k_fp8``, ``k_scale`` apart)."""
+    return _mqa_logits.fp8_mqa_logits(q_fp8, (k_fp8, k_scale), weights, ks, ke, clean_logits)
+
+
+@fp8_mqa_logits.register_fake
+def _(q_fp8, k_fp8, k_scale, weights, ks, ke, clean_logits=False):
+    return q_fp8.new_empty((q_fp8.shape[0], k_fp8.shape[0]), dtype=torch.float32)
+
+
+@_op("fp8_paged_mqa_logits")
+def fp8_paged_mqa_logits(q_fp8: Tensor, kv_cache: Tensor, weights: Tensor, seq_lens: Tensor, block_tables: Tensor,
+                         schedule_metadata: Optional[Tensor], max_seq_len: int, clean_logits: bool = False,
+                         kv_layout: str = "page") -> Tensor:
+    """:func:`triton_xpu_attn.fp8_paged_mqa_logits` as a custom op."""
+    return _mqa_logits.fp8_paged_mqa_logits(q_fp8, kv_cache, weights, seq_lens, block_tables, schedule_metadata,
+                                            max_seq_len, clean_logits, kv_layout=kv_layout)
+
+
+@fp8_paged_mqa_logits.register_fake
+def _(q_fp8, kv_cache, weights, seq_lens, block_tables, schedule_metadata, max_seq_len, clean_logits=False,
+      kv_layout="page"):
+    rows = q_fp8.shape[0] * (q_fp8.shape[1] if q_fp8.dim() == 4 else 1)
+    return q_fp8.new_empty((rows, max_seq_len), dtype=torch.float32)
+
+
+@_op("get_paged_mqa_logits_metadata")
+def get_paged_mqa_logits_metadata(context_lens: Tensor, block_kv: int, num_sms: int) -> Tensor:
+    """:func:`triton_xpu_attn.get_paged_mqa_logits_metadata` as a custom op."""
+    return _mqa_logits.get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)
+
+
+@get_paged_mqa_logits_metadata.register_fake
+def _(context_lens, block_kv, num_sms):
+    return context_lens.new_empty((num_sms + 1, 2), dtype=torch.int32)
 
 
 # ------------------------------------------------------------------------------------------

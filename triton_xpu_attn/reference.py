@@ -506,3 +506,81 @@ def mla_sparse_fwd(
             max_logits[t, heads] = z.max(dim=-1).values
             lse[t, heads] = row_lse
     return out, max_logits, lse
+
+
+# ---- DeepSeek sparse attention (DSA) indexer logits ----
+
+
+def _fp8_values(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 e4m3 values (a ``uint8`` tensor is taken as their bytes) in ``dtype``, exactly."""
+    if t.dtype == torch.uint8:
+        t = t.view(torch.float8_e4m3fn)
+    return t.float().to(dtype)
+
+
+def fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits=False, dtype: torch.dtype = torch.float64):
+    """DeepGEMM's ``fp8_mqa_logits``: ``[Nq, Nk]`` logits ``k_scale[j] * sum_h relu(q[i, h] . k[j])
+    * weights[i, h]`` for ``ks[i] <= j < ke[i]``, 0 elsewhere (``-inf`` with ``clean_logits``).
+    ``q [Nq, H, D]``, ``k [Nk, D]`` fp8 e4m3 (or uint8 bytes), ``k_scale [Nk]``, ``weights [Nq, H]``;
+    unseen positions get the fill value whatever ``k`` / ``k_scale`` hold there."""
+    qd, kd = _fp8_values(q, dtype), _fp8_values(k, dtype)
+    dots = torch.einsum("ihd,jd->ihj", qd, kd).clamp_min(0)
+    logits = (dots * weights.to(dtype)[:, :, None]).sum(dim=1) * k_scale.reshape(-1).to(dtype)[None, :]
+    j = torch.arange(kd.shape[0], device=kd.device)[None, :]
+    seen = (j >= ks.long()[:, None]) & (j < ke.long()[:, None])
+    return torch.where(seen, logits, torch.tensor(-math.inf if clean_logits else 0.0, dtype=dtype, device=kd.device))
+
+
+def paged_indexer_keys(kv_cache: torch.Tensor, kv_layout: str = "page"):
+    """A paged indexer cache ``[pages, page_size, 1, D + 4]`` (bytes) as ``(keys [pages,
+    page_size, D]`` fp8 bytes, ``scales [pages, page_size]`` fp32): ``kv_layout="page"`` holds a
+    page's keys, then its scales (DeepGEMM); ``"token"`` each token's key bytes, then its scale."""
+    pages, page_size, _, width = kv_cache.shape
+    d = width - 4
+    raw = kv_cache.view(torch.uint8).reshape(pages, page_size * width)
+    if kv_layout == "page":
+        keys = raw[:, : page_size * d].reshape(pages, page_size, d)
+        scales = raw[:, page_size * d:].contiguous().view(torch.float32).reshape(pages, page_size)
+    else:
+        tokens = raw.reshape(pages, page_size, width)
+        keys = tokens[:, :, :d]
+        scales = tokens[:, :, d:].contiguous().view(torch.float32).reshape(pages, page_size)
+    return keys, scales
+
+
+def fp8_paged_mqa_logits(q, kv_cache, weights, seq_lens, block_tables, max_seq_len, clean_logits=False,
+                         kv_layout: str = "page", dtype: torch.dtype = torch.float64):
+    """DeepGEMM's ``fp8_paged_mqa_logits``: ``[B * next_n, max_seq_len]`` logits. Row ``b * next_n
+    + r`` sees the positions ``j < seq_lens[b] - next_n + r + 1`` (``seq_lens [B]`` or ``[B, 1]``)
+    or ``j < seq_lens[b, r]`` (``[B, next_n]``), within what ``block_tables`` covers and on a page
+    id inside the pool; there ``k_scale[j] * sum_h relu(q[b, r, h] . k[j]) * weights[b * next_n +
+    r, h]``, elsewhere 0 (``-inf`` with ``clean_logits``). Only the pages a seen position names are
+    read."""
+    if q.dim() == 3:
+        q = q.unsqueeze(1)
+    batch, next_n, _, _ = q.shape
+    keys, scales = paged_indexer_keys(kv_cache, kv_layout)
+    pages, page_size = scales.shape
+    width = block_tables.shape[1]
+    fill = -math.inf if clean_logits else 0.0
+    out = torch.full((batch * next_n, max_seq_len), fill, dtype=dtype)
+    qd = _fp8_values(q.cpu(), dtype)
+    w = weights.cpu().to(dtype)
+    lens = seq_lens.cpu().long()
+    table = block_tables.cpu().long()
+    keys, scales = keys.cpu(), scales.cpu()
+    for b in range(batch):
+        for r in range(next_n):
+            if lens.dim() == 2 and lens.shape[1] == next_n and next_n > 1:
+                limit = int(lens[b, r])
+            else:
+                limit = int(lens.reshape(batch)[b]) - next_n + r + 1
+            limit = min(limit, width * page_size, max_seq_len)
+            row = b * next_n + r
+            j = torch.arange(max(limit, 0))
+            page = table[b, j // page_size]
+            j, page = j[(page >= 0) & (page < pages)], page[(page >= 0) & (page < pages)]
+            kj = _fp8_values(keys[page, j % page_size], dtype)  # [n, D]: only the pages named
+            dots = (kj @ qd[b, r].T).clamp_min(0)  # [n, H]
+            out[row, j] = (dots * w[row][None, :]).sum(dim=1) * scales[page, j % page_size].to(dtype)
+    return out

@@ -9,6 +9,9 @@ Names (sglang 0.5.23, ``sglang/srt/layers/attention/xpu_backend.py`` and its imp
 ``flash_mla_sparse_fwd`` (DeepSeek sparse attention prefill: sglang 0.5.23's DeepSeek-V4 backend
 imports it from the root on XPU; sgl-kernel-xpu also defines it in the submodule
 ``sgl_kernel.attention``, provided here too),
+the DeepSeek indexer logits ``fp8_mqa_logits``, ``fp8_paged_mqa_logits`` (submodule
+``sgl_kernel.nsa``) and ``fp8_paged_mqa_logits_triton`` (submodule ``sgl_kernel.fp8_paged_mqa_logits``;
+sglang's DeepSeek indexer imports it from the root on XPU),
 ``store_cache_xpu`` (imported by
 ``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
 (``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
@@ -30,6 +33,10 @@ from .attention import (  # the root re-exports them, as sgl-kernel-xpu's does
     merge_state_v2,
 )
 from . import flash_attn  # noqa: F401  (sgl_kernel.flash_attn is a submodule, as in sgl-kernel-xpu)
+from . import fp8_paged_mqa_logits as _fp8_paged_module  # noqa: F401  (submodule, as in sgl-kernel-xpu)
+from . import nsa  # noqa: F401  (sgl_kernel.nsa is a submodule, as in sgl-kernel-xpu)
+from .fp8_paged_mqa_logits import fp8_paged_mqa_logits_triton
+from .nsa import fp8_mqa_logits, fp8_paged_mqa_logits
 from .._stand_ins import unprovided
 
 
@@ -90,7 +97,11 @@ __all__ = [
     "flash_mla_prefill",
     "flash_mla_prefill_get_workspace_size",
     "flash_mla_sparse_fwd",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
+    "fp8_paged_mqa_logits_triton",
     "merge_state",
     "merge_state_v2",
+    "nsa",
     "store_cache_xpu",
 ]
