@@ -233,8 +233,11 @@ def _paged_mqa_logits_kernel(
 # XPU compile variants (triton-xpu 3.3 -> SPIR-V -> native through ocloc: .ci/xpu_compile_check.py)
 # ---------------------------------------------------------------------------------------------
 
-#: the Intel tiles as kernel constexprs and launch options (0 B spilled on pvc and bmg)
-_XPU_RAGGED = dict(BLOCK_Q=64, BLOCK_K=64, num_warps=8, num_stages=2)
+#: the Intel tiles as kernel constexprs and launch options (0 B spilled on pvc and bmg at 256 GRF).
+#: The ragged kernel spills (1-15 KB a thread) once a sub-group's share of the score tile passes 128
+#: elements (64 x 64 on 8 or 16 warps, 32 x 64 on 8, 128 x 64 or 64 x 128 on 32): 64 x 64 on 32
+#: warps is the largest that does not
+_XPU_RAGGED = dict(BLOCK_Q=64, BLOCK_K=64, num_warps=32, num_stages=2)
 _XPU_PAGED = dict(BLOCK_K=64, num_warps=8, num_stages=1)
 
 
@@ -246,9 +249,10 @@ def _register_compile_variants():
         n_q="i32", n_k="i32", num_heads="i32", FILL=0.0, D=128, BLOCK_D=128, DOT="bf16",
         BLOCK_Q=_XPU_RAGGED["BLOCK_Q"], BLOCK_K=_XPU_RAGGED["BLOCK_K"],
     )
-    opts = dict(dots=1, op="mqa_logits", num_warps=_XPU_RAGGED["num_warps"], num_stages=_XPU_RAGGED["num_stages"])
-    register_xpu_compile(_mqa_logits_kernel, "D128,bf16dot,BQ64xBK64", ragged, **opts)
-    register_xpu_compile(_mqa_logits_kernel, "D128,bf16dot,BQ64xBK64,clean", {**ragged, "FILL": float("-inf")}, **opts)
+    opts = dict(dots=1, op="mqa_logits", num_warps=_XPU_RAGGED["num_warps"], num_stages=_XPU_RAGGED["num_stages"],
+                grf_mode=_device.xpu_large_grf_mode())
+    register_xpu_compile(_mqa_logits_kernel, "D128,bf16dot,BQ64xBK64,w32", ragged, **opts)
+    register_xpu_compile(_mqa_logits_kernel, "D128,bf16dot,BQ64xBK64,w32,clean", {**ragged, "FILL": float("-inf")}, **opts)
     paged = dict(
         q_ptr="*fp8e4nv", stride_q_b="i32", stride_q_n="i32", stride_q_h="i32", kv_ptr="*fp8e4nv", scale_ptr="*fp32",
         stride_page="i64", stride_page_f32="i64", key_stride="i32", scale_base="i32", scale_stride="i32",
@@ -258,7 +262,8 @@ def _register_compile_variants():
         FILL=float("-inf"), PAGE_SIZE=64, LENS_PER_ROW=False, D=128, BLOCK_D=128, BLOCK_H=64, ROWS=1,
         BLOCK_K=_XPU_PAGED["BLOCK_K"], DOT="bf16",
     )
-    opts = dict(dots=1, op="paged_mqa_logits", num_warps=_XPU_PAGED["num_warps"], num_stages=_XPU_PAGED["num_stages"])
+    opts = dict(dots=1, op="paged_mqa_logits", num_warps=_XPU_PAGED["num_warps"], num_stages=_XPU_PAGED["num_stages"],
+                grf_mode=_device.xpu_large_grf_mode())
     register_xpu_compile(_paged_mqa_logits_kernel, "H64,D128,P64,next_n1,bf16dot,BK64", paged, **opts)
     register_xpu_compile(_paged_mqa_logits_kernel, "H64,D128,P64,next_n2,bf16dot,BK64",
                          {**paged, "ROWS": 2, "LENS_PER_ROW": True}, **opts)
