@@ -100,20 +100,26 @@ def _mqa_logits_kernel(
     DOT: tl.constexpr,  # "fp8", "bf16" or "fp32": the dot operands
 ):
     c0 = tl.program_id(0) * BLOCK_K
-    rows = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    cols = c0 + tl.arange(0, BLOCK_K)
+    r0 = tl.program_id(1) * BLOCK_Q
+    r_local = tl.arange(0, BLOCK_Q)
+    c_local = tl.arange(0, BLOCK_K)
+    rows = r0 + r_local
+    cols = c0 + c_local
     row_ok = rows < n_q
     col_ok = cols < n_k
     rows64 = rows.to(tl.int64)
-    cols64 = cols.to(tl.int64)
+    # each row's range cut to [0, n_k] (int32 from here on: n_k < 2^31)
     ks = tl.load(ks_ptr + rows64 * stride_ks, mask=row_ok, other=0).to(tl.int64)
     ke = tl.load(ke_ptr + rows64 * stride_ke, mask=row_ok, other=0).to(tl.int64)
+    ks = tl.minimum(tl.maximum(ks, 0), n_k).to(tl.int32)
+    ke = tl.minimum(tl.maximum(ke, 0), n_k).to(tl.int32)
+    ke = tl.where(row_ok, tl.maximum(ke, ks), ks)  # an empty range: [ks, ks)
     # the keys some row of the block sees: [lo, hi) over the rows whose range is not empty
-    nonempty = row_ok & (ke > ks)
-    lo = tl.min(tl.where(nonempty, ks, 2**62), axis=0)
-    hi = tl.max(tl.where(nonempty, ke, -(2**62)), axis=0)
+    nonempty = ke > ks
+    lo = tl.min(tl.where(nonempty, ks, n_k), axis=0)
+    hi = tl.max(tl.where(nonempty, ke, 0), axis=0)
     acc = tl.zeros([BLOCK_Q, BLOCK_K], dtype=tl.float32)
-    if (lo < tl.minimum(c0 + BLOCK_K, n_k)) & (hi > c0):
+    if (lo < c0 + BLOCK_K) & (hi > c0):
         d = tl.arange(0, BLOCK_D)
         if BLOCK_D == D:
             k_mask = col_ok[:, None]
@@ -121,20 +127,24 @@ def _mqa_logits_kernel(
         else:
             k_mask = col_ok[:, None] & (d < D)[None, :]
             q_mask = row_ok[:, None] & (d < D)[None, :]
-        k = tl.load(k_ptr + cols64[:, None] * stride_k + d[None, :], mask=k_mask, other=0.0)
+        k = tl.load(k_ptr + c0.to(tl.int64) * stride_k + (c_local * stride_k)[:, None] + d[None, :], mask=k_mask,
+                    other=0.0)
         k_t = tl.trans(_dot_operand(k, DOT))
-        q_rows = q_ptr + rows64[:, None] * stride_q_n + d[None, :]
-        w_rows = w_ptr + rows64 * stride_w_n
+        # 32-bit offsets inside the block from 64-bit block bases (q rows: H * D elements < 2^31 / BLOCK_Q)
+        q_offs = (r_local * stride_q_n)[:, None] + d[None, :]
+        q_base = q_ptr + r0.to(tl.int64) * stride_q_n
+        w_base = w_ptr + r0.to(tl.int64) * stride_w_n
         for h in range(num_heads):
-            q = tl.load(q_rows + h * stride_q_h, mask=q_mask, other=0.0)
+            q = tl.load(q_base + h * stride_q_h + q_offs, mask=q_mask, other=0.0)
             s = tl.dot(_dot_operand(q, DOT), k_t, out_dtype=tl.float32, input_precision="ieee")
-            w = tl.load(w_rows + h * stride_w_h, mask=row_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_base + h * stride_w_h + r_local * stride_w_n, mask=row_ok, other=0.0).to(tl.float32)
             acc += tl.maximum(s, 0.0) * w[:, None]
-        scale = tl.load(k_scale_ptr + cols64 * stride_kscale, mask=col_ok, other=0.0)
+        scale = tl.load(k_scale_ptr + cols.to(tl.int64) * stride_kscale, mask=col_ok, other=0.0)
         acc = acc * scale[None, :]
-    seen = (cols64[None, :] >= ks[:, None]) & (cols64[None, :] < ke[:, None])
+    seen = (cols[None, :] >= ks[:, None]) & (cols[None, :] < ke[:, None])
     out = tl.where(seen, acc, FILL)
-    tl.store(out_ptr + rows64[:, None] * stride_o + cols64[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+    out_base = out_ptr + r0.to(tl.int64) * stride_o + c0
+    tl.store(out_base + (r_local * stride_o)[:, None] + c_local[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -294,8 +304,9 @@ def _ragged_heuristic() -> dict:
         return dict(BLOCK_Q=16, BLOCK_K=16, num_warps=4, num_stages=1)
     if backend == "xpu":
         return dict(_XPU_RAGGED, grf_mode="256")
-    # NVIDIA (untimed first choice): a 128 x 128 fp32 tile over 8 warps, q tiles pipelined
-    return dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
+    # NVIDIA (untimed first choice; ptxas sm_90a at D = 128, fp8 dots): 64 x 128 on 4 warps, 255
+    # registers, 0 spill; 128 x 128 on 8 warps spills 1.2 KB a thread, 64 x 256 on 8 warps fits (253)
+    return dict(BLOCK_Q=64, BLOCK_K=128, num_warps=4, num_stages=3)
 
 
 def _paged_heuristic() -> dict:
@@ -304,7 +315,9 @@ def _paged_heuristic() -> dict:
         return dict(BLOCK_K=16, num_warps=4, num_stages=1, programs_per_unit=1)
     if backend == "xpu":
         return dict(_XPU_PAGED, grf_mode="256", programs_per_unit=8)
-    return dict(BLOCK_K=64, num_warps=4, num_stages=2, programs_per_unit=8)
+    # NVIDIA (untimed first choice; ptxas sm_90a, 64 heads of 128, fp8 dots, 0 spill): 64 keys a tile,
+    # 4 warps for one query row (246 registers), 8 for two (160); num_warps 0 = by rows
+    return dict(BLOCK_K=64, num_warps=0, num_stages=2, programs_per_unit=8)
 
 
 def _pow2(config: dict, key: str, low: int) -> int:
@@ -399,6 +412,10 @@ def fp8_mqa_logits(
     if q_blocks > MAX_GRID_DIM_1:
         raise ValueError(f"q_fp8 has too many rows for one launch: {n_q} rows in blocks of {block_q} "
                          f"need {q_blocks} programs (at most {MAX_GRID_DIM_1})")
+    # the kernel's in-block offsets are 32-bit (block bases 64-bit)
+    if max(block_q * max(q.stride(0), weights.stride(0), n_k), block_k * k.stride(0)) >= 2**31:
+        raise ValueError(f"fp8_mqa_logits: rows too wide for 32-bit in-block offsets (Nk = {n_k}, q row stride "
+                         f"{q.stride(0)}, k row stride {k.stride(0)}; at most (2^31 - 1) / {block_q} elements a row)")
     dot = _dot_kind(device)
     with device_guard(device):
         _mqa_logits_kernel[(cdiv(n_k, block_k), q_blocks)](
@@ -565,6 +582,8 @@ def fp8_paged_mqa_logits(
         chunks = cdiv(n_tiles, tiles)
     lens_stride_n = seq_lens.stride(1) if per_row else 0
     launch = {k: v for k, v in config.items() if k != "programs_per_unit"}
+    if not launch.get("num_warps"):
+        launch["num_warps"] = 4 if rows * block_h <= 64 else 8
     with device_guard(device):
         _paged_mqa_logits_kernel[(row_programs, chunks)](
             q, q.stride(0), q.stride(1), q.stride(2),
