@@ -212,7 +212,8 @@ def _paged_mqa_logits_kernel(
         limit = tl.load(lens_ptr + b * stride_len_b + r * stride_len_n, mask=r_ok, other=0).to(tl.int64)
     else:
         limit = tl.load(lens_ptr + b * stride_len_b).to(tl.int64) - next_n + r + 1
-    cap = table_width.to(tl.int64) * PAGE_SIZE
+    # (int64 from a tensor: a launch specialises a table_width of 1 into a Python int)
+    cap = tl.full([], PAGE_SIZE, tl.int64) * table_width
     limit = tl.where(r_ok, tl.minimum(limit, cap), 0)
     reach = tl.max(limit, axis=0)
     out_rows = out_ptr + (b * next_n + r) * stride_o
