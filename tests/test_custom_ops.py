@@ -40,6 +40,7 @@ def test_every_public_tensor_op_has_a_custom_op():
             "flash_mla_decode": {"workspace"},
             "merge_state_v2_out": {"v_merged", "s_merged"},
             "merge_state_out": {"v_merged", "s_merged"},
+            "merge_attn_states": {"output", "output_lse"},
             "normalize_page_table_out": {"out"},
             "make_local_attention_virtual_batches_out": {
                 "seqlens_q_local", "cu_seqlens_q_local", "seqlens_k_local", "block_table_local"},

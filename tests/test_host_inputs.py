@@ -234,6 +234,8 @@ CPU_CALLS = {
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "merge_state": ("v_a", lambda: tx.merge_state(
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
+    "merge_attn_states": ("output", lambda: tx.merge_attn_states(
+        torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), torch.zeros(2, 3), torch.zeros(3, 2, 16), torch.zeros(2, 3))),
     "normalize_page_table": ("req_to_token", lambda: tx.normalize_page_table(
         torch.zeros(2, 8, dtype=torch.int32), torch.tensor([0, 1]), _i32([4, 8]), 4)),
     "translate_loc_from_full_to_swa": ("full_to_swa", lambda: tx.translate_loc_from_full_to_swa(

@@ -6,7 +6,7 @@ interpreter on a machine without a GPU before any kernel is defined.
 """
 from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
 from .ops.local_attention import make_local_attention_virtual_batches, max_local_attention_virtual_batches
-from .ops.merge_state import merge_state, merge_state_v2
+from .ops.merge_state import merge_attn_states, merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
 from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
 from .ops.mla_sparse import flash_mla_sparse_fwd
@@ -33,6 +33,7 @@ __all__ = [
     "get_paged_mqa_logits_metadata",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
+    "merge_attn_states",
     "merge_state",
     "merge_state_v2",
     "normalize_page_table",

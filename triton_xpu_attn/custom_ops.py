@@ -37,6 +37,7 @@ custom op                              wraps / differences from the public funct
 ``get_paged_mqa_logits_metadata``      unchanged
 ``merge_state_v2``, ``merge_state``   return ``(v_merged, s_merged)``
 ``merge_state_v2_out``, ``merge_state_out``  write ``v_merged``, ``s_merged`` in place
+``merge_attn_states``                  unchanged (writes ``output`` / ``output_lse`` in place)
 ``normalize_page_table``               ``max_pages`` required (the output width must not depend on
                                        the values of ``seq_lens``)
 ``normalize_page_table_out``           writes ``out`` in place
@@ -93,6 +94,7 @@ __all__ = [
     "make_local_attention_virtual_batches_out",
     "merge_state",
     "merge_state_out",
+    "merge_attn_states",
     "merge_state_v2",
     "merge_state_v2_out",
     "normalize_page_table",
@@ -436,6 +438,22 @@ def _merge_ops(name: str, merge):
 
 merge_state_v2, merge_state_v2_out = _merge_ops("merge_state_v2", _merge.merge_state_v2)
 merge_state, merge_state_out = _merge_ops("merge_state", _merge.merge_state)
+
+
+@_op("merge_attn_states", mutates_args=("output", "output_lse"))
+def merge_attn_states(output: Tensor, prefix_output: Tensor, prefix_lse: Tensor, suffix_output: Tensor,
+                      suffix_lse: Tensor, output_lse: Optional[Tensor] = None,
+                      prefill_tokens_with_context: Optional[int] = None, output_scale: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.merge_attn_states` (vLLM's argument order) writing ``output`` and
+    ``output_lse`` in place."""
+    _merge.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                             prefill_tokens_with_context, output_scale)
+
+
+@merge_attn_states.register_fake
+def _(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None, prefill_tokens_with_context=None,
+      output_scale=None):
+    return None
 
 
 # ------------------------------------------------------------------------------------------

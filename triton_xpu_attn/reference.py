@@ -194,6 +194,19 @@ def merge_state_v2(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     return v, s
 
 
+def merge_attn_states(prefix_output, prefix_lse, suffix_output, suffix_lse, prefill_tokens_with_context=None,
+                      dtype: torch.dtype = torch.float64):
+    """vLLM's ``merge_attn_states``: outputs ``[T, H, D]``, LSEs ``[H, T]`` (heads first). Tokens
+    ``[0, prefill_tokens_with_context)`` (all when None) merge as :func:`merge_state_v2`; the rest
+    take the suffix as it is. Returns ``(output [T, H, D], lse [H, T])`` before any output scale."""
+    t = prefix_output.shape[0]
+    rows = t if prefill_tokens_with_context is None else int(prefill_tokens_with_context)
+    v, s = merge_state_v2(prefix_output, prefix_lse.T, suffix_output, suffix_lse.T, dtype)
+    v[rows:] = suffix_output[rows:].to(dtype)
+    s[rows:] = suffix_lse.T[rows:].to(dtype)
+    return v, s.T
+
+
 def merge_state(v_a, s_a, v_b, s_b, dtype: torch.dtype = torch.float64):
     """:func:`merge_state_v2` with base-2 LSEs in and out (sgl-kernel's ``merge_state``, v1)."""
     v, s = merge_state_v2(v_a, s_a.to(dtype) * math.log(2), v_b, s_b.to(dtype) * math.log(2), dtype)

@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import (FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, gdc_wait, next_power_of_2,
-                       register_xpu_compile)
+from .._common import (FLOAT_DTYPES, cdiv, check_int, check_same_device, check_tensor, device_guard, gdc_wait,
+                       interpreter_float32, next_power_of_2, register_xpu_compile)
 
 
 @triton.jit
@@ -129,8 +129,14 @@ def _merge_state_kernel(
     stride_sb_h,
     stride_so_n,
     stride_so_h,
+    merge_rows,  # rows n >= merge_rows take state b as it is (COPY_TAIL)
+    out_scale_ptr,  # [1] fp32: the output is stored divided by it (HAS_OUT_SCALE)
     BLOCK_D: tl.constexpr,
     BASE2: tl.constexpr = False,
+    COPY_TAIL: tl.constexpr = False,
+    WRITE_LSE: tl.constexpr = True,
+    HAS_OUT_SCALE: tl.constexpr = False,
+    OUT_MAX: tl.constexpr = 0.0,  # the output dtype's largest finite value (HAS_OUT_SCALE: fp8 saturates)
 ):
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -147,12 +153,26 @@ def _merge_state_kernel(
     w_b = tl.sum(tl.where(two == 1, w, 0.0), axis=0) / denom
     d = tl.arange(0, BLOCK_D)
     mask = d < head_dim
-    v_a = tl.load(v_a_ptr + n * stride_va_n + h * stride_va_h + d, mask=mask, other=0.0).to(tl.float32)
     v_b = tl.load(v_b_ptr + n * stride_vb_n + h * stride_vb_h + d, mask=mask, other=0.0).to(tl.float32)
+    if COPY_TAIL:
+        # vLLM's prefill_tokens_with_context: rows past it have no prefix state, b is the result
+        tail = n >= merge_rows
+        v_a = tl.load(v_a_ptr + n * stride_va_n + h * stride_va_h + d, mask=mask & (d * 0 + n < merge_rows),
+                      other=0.0).to(tl.float32)
+        w_a = tl.where(tail, 0.0, w_a)
+        w_b = tl.where(tail, 1.0, w_b)
+        merged = tl.where(tail, s_b, merged)
+    else:
+        v_a = tl.load(v_a_ptr + n * stride_va_n + h * stride_va_h + d, mask=mask, other=0.0).to(tl.float32)
     # a state of weight 0 (empty: LSE -inf) adds nothing whatever its value holds (0 * NaN is NaN)
     v = tl.where(w_a > 0, v_a * w_a, 0.0) + tl.where(w_b > 0, v_b * w_b, 0.0)
+    if COPY_TAIL:
+        v = tl.where(tail, v_b, v)  # as given, NaN included
+    if HAS_OUT_SCALE:
+        v = tl.minimum(tl.maximum(v / tl.load(out_scale_ptr), -OUT_MAX), OUT_MAX)
     tl.store(v_out_ptr + n * stride_vo_n + h * stride_vo_h + d, v.to(v_out_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_out_ptr + n * stride_so_n + h * stride_so_h, merged)
+    if WRITE_LSE:
+        tl.store(s_out_ptr + n * stride_so_n + h * stride_so_h, merged)
 
 
 register_xpu_compile(
@@ -173,8 +193,9 @@ register_xpu_compile(
     dict(
         v_a_ptr="*bf16", s_a_ptr="*fp32", v_b_ptr="*bf16", s_b_ptr="*fp32", v_out_ptr="*bf16", s_out_ptr="*fp32",
         num_heads="i32", head_dim="i32", stride_va_n="i64", stride_va_h="i32", stride_vb_n="i64", stride_vb_h="i32",
-        stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32", stride_so_n="i32", stride_so_h="i32", BLOCK_D=128,
-        BASE2=False,
+        stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32", stride_so_n="i32", stride_so_h="i32",
+        merge_rows="i32", out_scale_ptr="*fp32", BLOCK_D=128,
+        BASE2=False, COPY_TAIL=True, WRITE_LSE=True, HAS_OUT_SCALE=False, OUT_MAX=0.0,
     ),
     num_warps=4,
 )
@@ -342,8 +363,101 @@ def _merge_states(v_a, s_a, v_b, s_b, v_merged, s_merged, base2: bool):
             v_a, s_a, v_b, s_b, v_merged, s_merged, h, dv,
             v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), v_merged.stride(0), v_merged.stride(1),
             s_a.stride(0), s_a.stride(1), s_b.stride(0), s_b.stride(1), s_merged.stride(0), s_merged.stride(1),
+            n, s_merged,
             BLOCK_D=next_power_of_2(dv),
             BASE2=base2,
             num_warps=4,
         )
     return v_merged, s_merged
+
+
+def merge_attn_states(
+    output: torch.Tensor,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    output_lse: torch.Tensor | None = None,
+    prefill_tokens_with_context: int | None = None,
+    output_scale: torch.Tensor | None = None,
+) -> None:
+    """vLLM's ``merge_attn_states`` (vllm-xpu-kernels' ``torch.ops._C.merge_attn_states``): merge the
+    attention over a cached prefix and over the new tokens (chunked prefill, cascade), natural-log
+    LSEs with heads first, in place.
+
+    For tokens ``t < prefill_tokens_with_context`` (all tokens when None):
+    ``output = (p * e^{lp} + s * e^{ls}) / (e^{lp} + e^{ls})`` and ``output_lse = log(e^{lp} +
+    e^{ls})``, computed in fp32; a non-finite LSE (+inf included, as vLLM reads it) marks an empty
+    state, whose output is never read, and two empty states give 0 and LSE -inf (vLLM's torch
+    reference gives NaN there). Later tokens take the suffix as it is (output and LSE copied).
+
+    Parameters
+    ----------
+    output : torch.Tensor
+        ``[T, H, D]`` destination: the inputs' dtype, or fp8 (e4m3 / e5m2) with ``output_scale``.
+        Last dim contiguous.
+    prefix_output, suffix_output : torch.Tensor
+        ``[T, H, D]`` fp16 / bf16 / fp32 partial outputs (one dtype; last dim contiguous).
+    prefix_lse, suffix_lse : torch.Tensor
+        ``[H, T]`` float natural-log LSEs of the two states (read as fp32; any strides).
+    output_lse : torch.Tensor, optional
+        ``[H, T]`` fp32 destination of the merged LSE (any strides); None: not written.
+    prefill_tokens_with_context : int, optional
+        Tokens ``[0, this)`` are merged, the rest copied from the suffix; None: all merged. Must
+        lie in ``[0, T]``.
+    output_scale : torch.Tensor, optional
+        One-element fp32 tensor: the output is stored as ``value / output_scale`` saturated to the
+        output dtype's range (the fp8 output of vLLM's quantised attention).
+    """
+    check_tensor("prefix_output", prefix_output, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
+    t, h, dv = prefix_output.shape
+    check_tensor("suffix_output", suffix_output, dtypes=(prefix_output.dtype,), shape=(t, h, dv),
+                 last_dim_contiguous=True)
+    for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
+        check_tensor(name, lse, dtypes=FLOAT_DTYPES, shape=(h, t))
+    fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+    if output_scale is None:
+        check_tensor("output", output, dtypes=(prefix_output.dtype,), shape=(t, h, dv), last_dim_contiguous=True)
+    else:
+        check_tensor("output", output, dtypes=fp8 + (prefix_output.dtype,), shape=(t, h, dv),
+                     last_dim_contiguous=True)
+        check_tensor("output_scale", output_scale, dtypes=(torch.float32,))
+        if output_scale.numel() != 1:
+            raise ValueError(f"output_scale must hold one value, got shape {list(output_scale.shape)}")
+    if output_lse is not None:
+        check_tensor("output_lse", output_lse, dtypes=(torch.float32,), shape=(h, t))
+    merge_rows = t if prefill_tokens_with_context is None else check_int(
+        prefill_tokens_with_context, "prefill_tokens_with_context", minimum=0)
+    if merge_rows > t:
+        raise ValueError(f"prefill_tokens_with_context must be at most the {t} tokens, got {merge_rows}")
+    device = check_same_device(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse,
+                               suffix_output=suffix_output, suffix_lse=suffix_lse, output_lse=output_lse,
+                               output_scale=output_scale)
+    if t == 0 or h == 0:
+        return
+    lse_out = output_lse if output_lse is not None else prefix_lse  # a placeholder when not written
+    dest = output
+    # under the interpreter bf16 runs in fp32 (interpreter_float32) and an fp8 output goes through
+    # an fp32 stand-in cast by torch: the interpreter's fp32 -> fp8 cast drops a mantissa carry
+    # into the exponent (31.94 -> 16 in e4m3); compiled backends store fp8 directly
+    prefix_output, suffix_output, output = interpreter_float32(prefix_output, suffix_output, output)
+    if _device.is_interpreter() and output.element_size() == 1:
+        output = torch.empty(output.shape, dtype=torch.float32, device=device)
+    with device_guard(device):
+        _merge_state_kernel[(t, h)](
+            prefix_output, prefix_lse, suffix_output, suffix_lse, output, lse_out, h, dv,
+            prefix_output.stride(0), prefix_output.stride(1), suffix_output.stride(0), suffix_output.stride(1),
+            output.stride(0), output.stride(1),
+            # LSEs are [H, T]: the kernel reads (token, head) strides
+            prefix_lse.stride(1), prefix_lse.stride(0), suffix_lse.stride(1), suffix_lse.stride(0),
+            lse_out.stride(1), lse_out.stride(0),
+            merge_rows, output_scale if output_scale is not None else prefix_lse,
+            BLOCK_D=next_power_of_2(dv),
+            COPY_TAIL=merge_rows < t,
+            WRITE_LSE=output_lse is not None,
+            HAS_OUT_SCALE=output_scale is not None,
+            OUT_MAX=float(torch.finfo(dest.dtype).max),
+            num_warps=4,
+        )
+    if output is not dest:
+        dest.copy_(output)
