@@ -13,8 +13,9 @@ CSV + markdown + JSON to --out/<device_key>/ (default bench/results/; quick runs
 usage:
   python bench/bench_mla_decode.py [--quick] [--out DIR] [--peers DIR] [--sweep] [--vs-heuristic]
 
---peers DIR: a folder holding sgl_loader.py (from ../shared/peers/) and the sglang wheel, unpacked
-under DIR/unpacked (extracted from DIR/sglang-*.whl when missing); see ../shared/peers/README.md.
+--peers DIR: a folder holding sgl_loader.py (from the peers harness, which lives outside the
+repository: bench/README.md, "Peers") and the sglang wheel, unpacked under DIR/unpacked (extracted
+from DIR/sglang-*.whl when missing).
 Without it only our kernel is timed. On a machine without a GPU, --quick runs one tiny case
 through the Triton interpreter as a smoke test.
 --sweep: also time a few kernel configs per case (BLOCK_H, BLOCK_N, warps, stages) and report the

@@ -11,7 +11,7 @@ query and head, ``2 (R + Dr) + 2 R`` flops per key (QK over the 576 channels of 
 of the latent). GB/s count q read, the latent cache read once, out written.
 
 ``--peers DIR``: a folder holding ``flashinfer_peer.py`` and the FlashInfer bundle ``flashinfer/``
-(../shared/peers/README.md; MLA modules prebuilt for sm_90a). It adds FlashInfer 0.7.2.post1's
+(the peers harness, outside the repository: bench/README.md, "Peers"; MLA modules prebuilt for sm_90a). It adds FlashInfer 0.7.2.post1's
 ``BatchMLAPagedAttentionWrapper`` on the same packed q ``[total_q, H, 576]`` and latent cache ``[pages,
 P, 576]``, planned (outside the timing) with the ragged queries' ``qo_indptr``, the page list of our
 page table and ``causal=True`` (bottom-right, as ours); fa3 and fa2 both timed, the faster correct one

@@ -7,8 +7,8 @@ would otherwise dominate small batches for every peer alike).
 
     python bench/bench_paged_attention.py [--quick] [--out bench/results] [--peers .peers] [--flex] [--vs-heuristic]
 
-``--peers DIR`` points at a folder holding ``sgl_loader.py`` (from ../shared/peers) and the unpacked
-sglang wheel under ``DIR/unpacked`` (see ../shared/peers/README.md). GB/s count the KV bytes read
+``--peers DIR`` points at a folder holding ``sgl_loader.py`` (from the peers harness, outside the
+repository: bench/README.md, "Peers") and the unpacked sglang wheel under ``DIR/unpacked``. GB/s count the KV bytes read
 (K and V once); the roofline is a measured device-to-device copy (bytes read + written).
 ``--vs-heuristic`` also times ours with the built-in heuristic config forced: ``tuned_gain`` =
 heuristic time / time with this device's config file (``ours_config`` names the config source).

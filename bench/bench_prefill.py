@@ -17,7 +17,7 @@ pages (``[B, L / P]``; for P = 1 ``[B, L]``; eight spare pages hold noise). Ours
     python bench/bench_prefill.py [--quick] [--out bench/results] [--time-budget S] [--peers .peers]
 
 ``--peers DIR``: a folder holding ``flashinfer_peer.py`` and the FlashInfer bundle ``flashinfer/``
-(../shared/peers/README.md; modules prebuilt for sm_90a at D = 64 and 128). It adds FlashInfer
+(the peers harness, outside the repository: bench/README.md, "Peers"; modules prebuilt for sm_90a at D = 64 and 128). It adds FlashInfer
 0.7.2.post1's ``BatchPrefillWithPagedKVCacheWrapper`` through ``flashinfer_peer.gqa_prefill`` on the
 same q, the same cache tensors and page table (causal, bottom-right like ours, planned outside the
 timing): fa3 and fa2 both timed, the faster correct one reported (``flashinfer_variant``). Without
@@ -194,13 +194,13 @@ def case_line(r) -> str:
     if "flashinfer_variant" in r:
         text += (f" | FlashInfer [{r['flashinfer_variant']}] {r['flashinfer_TFLOPs']:.0f} TFLOP/s "
                  f"(err {r['flashinfer_err']:.1e})")
-        if "speedup_vs_flashinfer" in r:
+        if "speedup_vs_flashinfer" in r and common.on_gpu():
             text += f" ours/FI x{r['speedup_vs_flashinfer']:.2f}"
     elif "flashinfer_note" in r:
         text += f" | FlashInfer: {r['flashinfer_note'][:160]}"
     if "sdpa_variant" in r:
         text += f" | SDPA {r['sdpa_TFLOPs']:.0f} TFLOP/s"
-        if "speedup_vs_sdpa" in r:
+        if "speedup_vs_sdpa" in r and common.on_gpu():
             text += f" ours/SDPA x{r['speedup_vs_sdpa']:.2f}"
     elif "sdpa_note" in r:
         text += f" | SDPA: {r['sdpa_note'][:120]}"

@@ -10,7 +10,7 @@ SDPA reads the same tensors as ``[B, H, L, D]`` views of BSHD (no copy) with
     python bench/bench_varlen_attention.py [--quick] [--out bench/results] [--peers .peers]
 
 ``--peers DIR``: a folder holding ``flashinfer_peer.py`` and the FlashInfer bundle ``flashinfer/``
-(../shared/peers/README.md; modules prebuilt for sm_90a at D = 64 and 128). It adds FlashInfer
+(the peers harness, outside the repository: bench/README.md, "Peers"; modules prebuilt for sm_90a at D = 64 and 128). It adds FlashInfer
 0.7.2.post1's ``BatchPrefillWithRaggedKVCacheWrapper`` on the same q/k/v tensors and
 ``cu_seqlens`` (causal, planned outside the timing; the ragged run lives in the same prebuilt batch
 prefill modules as the paged one): fa3 and fa2 both timed, the faster correct one reported

@@ -48,6 +48,10 @@ ROOFLINE_COLUMNS = ("time_us", "bytes", "flops")
 # ------------------------------------------------------------------------------------------
 
 
+#: what the suite says instead of ratios under the Triton interpreter
+INTERPRETER_NOTE = "Triton interpreter on a CPU: interpreter times are not performance, no ratio is shown"
+
+
 def on_gpu() -> bool:
     """True when kernels run compiled on a GPU (timings mean something)."""
     return _device.backend() in ("cuda", "xpu")
@@ -204,7 +208,7 @@ def free_memory() -> None:
 def load_sglang(peers: str | None):
     """sglang's pure-Triton decode attention module, loaded by ``DIR/sgl_loader.py`` from the
     wheel unpacked under ``DIR/unpacked`` (extracted from ``DIR/sglang-*.whl`` when missing);
-    None without ``peers``. See ../shared/peers/README.md."""
+    None without ``peers``. The peers harness lives outside the repository (bench/README.md, "Peers")."""
     if not peers:
         return None
     peers = os.path.abspath(peers)
@@ -222,7 +226,7 @@ def load_sglang(peers: str | None):
 
 #: a peer whose output is further than this (relative error) from the check is WRONG: not timed, in no speedup
 BAD_ERR = 0.05
-#: FlashInfer's float workspace per wrapper (its own recommendation, as ../shared/peers uses)
+#: FlashInfer's float workspace per wrapper (its own recommendation, as the peers harness uses)
 FLASHINFER_WORKSPACE_BYTES = 128 << 20
 
 
@@ -239,7 +243,7 @@ def flashinfer_peer_script(peers: str):
 
 def load_flashinfer(peers: str | None):
     """FlashInfer from the bundle ``DIR/flashinfer``, set up by ``DIR/flashinfer_peer.py``'s
-    ``setup`` (modules prebuilt for sm_90a; see ../shared/peers/README.md). Returns the
+    ``setup`` (modules prebuilt for sm_90a; bench/README.md, "Peers"). Returns the
     ``flashinfer`` module, or None with the reason printed: no ``peers``, no CUDA device, no bundle,
     or a setup that fails."""
     if not peers:
@@ -320,10 +324,13 @@ def time_variants(prefix: str, builders: dict, check, row: dict) -> None:
 
 def speedup_line(rows: list[dict], key: str, name: str, target: str = "") -> str | None:
     """``name: geometric mean Gx, min Mx over N cases (target)`` over the finite ``key`` column of
-    ``rows``; None when no row has one."""
+    ``rows``; None when no row has one. Under the interpreter (no GPU) it names no ratio: interpreter
+    times are not performance."""
     ratios = [r[key] for r in rows if finite(r.get(key))]
     if not ratios:
         return None
+    if not on_gpu():
+        return f"{name}: {len(ratios)} cases ran ({INTERPRETER_NOTE})"
     return (f"{name}: geometric mean {geomean(ratios):.2f}x, min {min(ratios):.2f}x over {len(ratios)} cases"
             + (f" ({target})" if target else ""))
 

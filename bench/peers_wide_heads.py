@@ -7,7 +7,8 @@ row format); the rows are built from its helpers, ours first and dense SDPA (unf
     PYTHONPATH=$PWD python3 bench/peers_wide_heads.py .peers [--flashinfer .peers/flashinfer512]
         [--vllm .peers/vllm] [--cases decode,prefill] [--head-dim 512] [--graphs] [--sdpa]
 
-``.peers`` holds ``../shared/peers/*.py`` and the unpacked sglang kernels (``.peers/sglang``).
+``.peers`` holds the peers harness's drivers (``*.py``; outside the repository: bench/README.md,
+"Peers") and the unpacked sglang kernels (``.peers/sglang``).
 Rows print as the peers tool prints them; commit the output under bench/results/<device>/.
 """
 from __future__ import annotations
@@ -121,7 +122,7 @@ def prefill_rows(pb, peers, B, Hq, Hkv, D, q_len, L, pages, sdpa=False):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("peers_dir", help="folder with ../shared/peers/*.py and sglang/ (the unpacked kernels)")
+    ap.add_argument("peers_dir", help="folder with the peers harness's *.py and sglang/ (the unpacked kernels)")
     ap.add_argument("--flashinfer", help="FlashInfer bundle (flashinfer_peer.py pack) with head-dim-512 modules")
     ap.add_argument("--vllm", help="folder from vllm_loader.py extract")
     ap.add_argument("--cases", default="decode,prefill")

@@ -145,6 +145,10 @@ def summary_markdown(folder) -> str:
     if any(r["meta"].get("quick") for r in results.values()):
         lines.append("")
         lines.append("**Quick run** (a short grid): not the full benchmark.")
+    interpreter = backend == "interpreter"
+    if interpreter:
+        lines += ["", "**Triton interpreter on a CPU**: interpreter times are not performance; the table shows no rate "
+                  "or ratio, only the cases that ran."]
     lines += ["", "| op | cases | best % of copy roofline (median) | best GB/s | best TFLOP/s (% of matmul) | "
               "speedup vs peer: geomean [min, max] | tuned vs heuristic: geomean [min, max] |",
               "|---|---|---|---|---|---|---|"]
@@ -164,7 +168,10 @@ def summary_markdown(folder) -> str:
             gain += ("; " if gain else "") + (f"this grid: {geomean(grid):.2f}x [{min(grid):.2f}, {max(grid):.2f}] "
                                               f"({len(grid)} cases)")
         gain = gain or "-"
-        lines.append(f"| {op} | {h['cases']} | {pct} | {_fmt(h.get('best_gbs'), '.0f')} | {tfl} | {spd} | {gain} |")
+        if interpreter:
+            pct = tfl = spd = gain = "-"
+        lines.append(f"| {op} | {h['cases']} | {pct} | {_fmt(h.get('best_gbs') if not interpreter else None, '.0f')} "
+                     f"| {tfl} | {spd} | {gain} |")
         if h.get("peer"):
             peers.append(f"- {op}: peer = {h['peer']}; command `{meta.get('command', '?')}`")
     lines += ["", "Peers and commands:", ""] + peers

@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     report.plot_roofline(folder)
     report.write_summary(folder)
     print("\n" + "  ".join(f"{op} {s:.0f}s" for op, s in timings) + f"  | total {time.perf_counter() - t_all:.0f}s")
+    if not common.on_gpu():
+        print(f"every op ran its smoke case ({common.INTERPRETER_NOTE}); time them on a GPU")
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -106,6 +106,10 @@ def test_suite_quick_smoke(tmp_path):
     assert len(folders) == 1
     for op in ("paged_attention", "mla_decode", "mla_prefill", "local_attention", "swa_spec"):
         assert (folders[0] / f"{op}.csv").exists() and (folders[0] / f"{op}.json").exists()
+    # no ratio of interpreter times: the run says they are not performance instead of "0.00x"
+    assert "0.00x" not in proc.stdout and "interpreter times are not performance" in proc.stdout
+    summary = (folders[0] / "summary.md").read_text()
+    assert "interpreter times are not performance" in summary and "0.00x" not in summary
 
 
 def test_page_list_and_peer_variants():
@@ -134,4 +138,12 @@ def test_page_list_and_peer_variants():
     none = {}
     common.time_variants("peer", {"wrong": lambda: (lambda: -ref)}, lambda out: common.rel_err(out, ref), none)
     assert "peer_variant" not in none and "WRONG" in none["peer_note"]
-    assert common.speedup_line([dict(s=2.0), dict(s=0.5), dict()], "s", "x") == "x: geometric mean 1.00x, min 0.50x over 2 cases"
+    rows = [dict(s=2.0), dict(s=0.5), dict()]
+    real = common.on_gpu
+    try:
+        common.on_gpu = lambda: True
+        assert common.speedup_line(rows, "s", "x") == "x: geometric mean 1.00x, min 0.50x over 2 cases"
+        common.on_gpu = lambda: False  # interpreter times are no performance: no ratio is printed
+        assert common.speedup_line(rows, "s", "x") == f"x: 2 cases ran ({common.INTERPRETER_NOTE})"
+    finally:
+        common.on_gpu = real

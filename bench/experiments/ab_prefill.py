@@ -1,5 +1,5 @@
 """Prefill A/B of module copies of ops/paged_attention.py (same process, CUDA graphs, both ways
-round) over the peers' prefill grid (../shared/peers peers_bench.py --cases prefill: full prefill
+round) over the peers' prefill grid (the peers harness's ``peers_bench.py --cases prefill``: full prefill
 (B, L) = (1, 8k), (4, 4k), (16, 1k) at 32/8/128, (4, 4k) at 32/8/64 and 64/8/128; chunked B = 4
 q_len 2k of 8k keys and B = 8 q_len 512 of 4k at 32/8/128; each at pages of 16 and 64 tokens; bf16,
 causal, ragged q over a randomly permuted paged cache). The prefill guard beside sweeps.py ab_paged.
