@@ -1,8 +1,8 @@
-"""The argument contract (issue 29): every op checks its scalars and tensors through the helpers
+"""The argument contract: every op checks its scalars and tensors through the helpers
 of ``triton_xpu_attn._common`` (``check_int``, ``check_real``, ``check_bool``, ``check_window``,
 ``check_tensor``). A hypothesis property draws one malformed argument for one op at a time and
 asserts a ``TypeError``/``ValueError`` that names the argument, raised on the host before any
-launch; the README's "Bad input" table shows one row of each kind (``tests/test_hardening.py``)."""
+launch; the "Bad input" table of docs/robustness.md shows one row of each kind (``tests/test_hardening.py``)."""
 from __future__ import annotations
 
 import math
@@ -120,7 +120,7 @@ def test_every_malformed_value_of_every_argument(op, name, kind):
 @pytest.mark.parametrize("op", ["flash_attn_with_kvcache", "flash_attn_varlen_func", "flash_mla_prefill"])
 def test_validate_checks_max_seqlen_q_and_the_first_offset(op):
     """``validate=True`` checks, for every op that takes them, that ``max_seqlen_q`` covers every
-    request and ``cu_seqlens_q[0] == 0`` (the README's promise); without ``validate`` the call
+    request and ``cu_seqlens_q[0] == 0`` (docs/robustness.md's promise); without ``validate`` the call
     never syncs with the host to check them."""
     fn, make_args, _ = OPS[op]
     offsets = torch.tensor([1, 2, 3] if op != "flash_mla_prefill" else [1, 2, 5], dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""Hardening (issue 8): determinism, empty batches and zero lengths, the README's bad-input table,
+"""Hardening: determinism, empty batches and zero lengths, the bad-input table of docs/robustness.md,
 CUDA/XPU graph capture and replay with new values, no host syncs on graph paths, KV caches of more
 than 2^31 elements, several GPUs in one process.
 
@@ -715,7 +715,7 @@ def test_host_helpers_on_empty_batches():
 
 
 # ---------------------------------------------------------------------------------------------
-# the README's "Bad input" table: one test per row, exact exception type and message
+# docs/robustness.md's "Bad input" table: one test per row, exact exception type and message
 # ---------------------------------------------------------------------------------------------
 
 
@@ -812,7 +812,7 @@ _META = torch.device("meta")  # a second device that exists everywhere (two GPUs
 _DEV = torch.empty(0, device=DEVICE).device  # with its index (cuda:0), as error messages print it
 
 #: (class of invalid input, the input, op, arguments, exception type, exact message or its fixed prefix).
-#: README.md's "Bad input" table is this list; keep them in step.
+#: docs/robustness.md's "Bad input" table is this list; keep them in step.
 BAD_INPUT = [
     ("dtype", "`q` int32", _PA, _paged_args(q=torch.zeros(3, 4, 64, dtype=torch.int32)), TypeError,
      "q must have dtype in (float16, bfloat16, float32), got int32"),
@@ -976,25 +976,25 @@ def test_bad_input_table(row):
 
 
 def readme_row(row) -> str:
-    """The README's line for a BAD_INPUT row (device mismatches shown as cuda:1 vs cuda:0)."""
+    """The documentation's line for a BAD_INPUT row (device mismatches shown as cuda:1 vs cuda:0)."""
     cls, what, fn, _, error, message = row
     message = message.replace("is on meta", "is on cuda:1").format(dev="cuda:0")
     return f"| {cls} | {what} | `{fn.__name__}` | `{error.__name__}` | `{message}` |"
 
 
-def test_readme_bad_input_table_matches_the_tests():
+def test_docs_bad_input_table_matches_the_tests():
     import pathlib
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "## Bad input" in readme
-    missing = [readme_row(row) for row in BAD_INPUT if readme_row(row) not in readme]
-    assert not missing, "README.md's Bad input table lacks:\n" + "\n".join(missing)
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "robustness.md").read_text()
+    assert "\n## Bad input\n" in doc
+    missing = [readme_row(row) for row in BAD_INPUT if readme_row(row) not in doc]
+    assert not missing, "docs/robustness.md's Bad input table lacks:\n" + "\n".join(missing)
     # and every row of that table is a test's row (no claim without a test)
-    section = readme[readme.index("\n## Bad input\n"):]
+    section = doc[doc.index("\n## Bad input\n"):]
     section = section[: section.find("\n## ", 1)]
     table = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| class |")]
     untested = sorted(set(table) - {readme_row(row) for row in BAD_INPUT})
-    assert not untested, "README.md's Bad input table has rows no test checks:\n" + "\n".join(untested)
+    assert not untested, "docs/robustness.md's Bad input table has rows no test checks:\n" + "\n".join(untested)
 
 
 def test_custom_ops_raise_the_same_errors():

@@ -1,6 +1,6 @@
-"""Index metadata no engine should pass, with ``validate=False`` (the default; issue 29, item 1):
+"""Index metadata no engine should pass, with ``validate=False`` (the default):
 the ops never read or write outside the tensors they were given, and give the documented result
-(README, "Untrusted metadata"):
+(docs/robustness.md, "Untrusted index metadata"):
 
 * a page id outside ``[0, num_pages)`` is never followed: the keys it names read the pool's last
   page in its place (pointer and block-pointer loads: decode, drafts, gathered prefill, XPU);
