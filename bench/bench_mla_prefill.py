@@ -16,7 +16,7 @@ of the latent). GB/s count q read, the latent cache read once, out written.
 P, 576]``, planned (outside the timing) with the ragged queries' ``qo_indptr``, the page list of our
 page table and ``causal=True`` (bottom-right, as ours); fa3 and fa2 both timed, the faster correct one
 reported, checked like ours against the float32 reference (rel err > 0.05: WRONG, not timed).
-``speedup_vs_flashinfer`` = FlashInfer's time / ours (issue 22's target: >= 0.8x). Without CUDA or the
+``speedup_vs_flashinfer`` = FlashInfer's time / ours (target: >= 0.8x). Without CUDA or the
 bundle it is skipped with the reason printed.
 
 usage:
@@ -47,7 +47,7 @@ GRID_H = [16, 128]
 GRID_P = [64, 1]
 #: (B, q_len, L): a full prefill, and chunked prefills over a cached prefix
 GRID_SHAPES = [(1, 4096, 4096), (4, 1024, 4096)]
-#: (B, q_len, L) run at page 64 only: many short chunks (issue 22's q_len > 1 side of MLA)
+#: (B, q_len, L) run at page 64 only: many short chunks (the q_len > 1 side of MLA)
 GRID_SHAPES_P64 = [(16, 256, 1024)]
 QUICK_SHAPES = [(1, 1024, 1024), (2, 256, 1024)]
 R, DR = 512, 64
@@ -188,7 +188,7 @@ def main(argv=None):
         if line:
             summary.append(line)
     line = common.speedup_line(rows, "speedup_vs_flashinfer", "ours/FlashInfer MLA (causal, q_len > 1)",
-                               "target >= 0.8x, issue 22")
+                               "target >= 0.8x")
     if line:
         summary.append(line)
 

@@ -1,7 +1,7 @@
 """Non-paged prefill benchmark: our ``flash_attn_varlen_func`` vs torch SDPA's flash backend and
 FlashInfer's ragged prefill, side by side in one run on one GPU (bf16, causal, GQA).
 
-The full-prefill grid of issue 21: ``(B, L)`` = (1, 8192), (4, 4096), (16, 1024) at Hq/Hkv/D
+The full-prefill grid: ``(B, L)`` = (1, 8192), (4, 4096), (16, 1024) at Hq/Hkv/D
 32/8/128, and (4, 4096) at 32/8/64, 64/8/128 and 32/8/256; every request has L queries over its
 own L keys. Ours reads ragged ``q [B*L, Hq, D]`` and ``k/v [B*L, Hkv, D]`` with ``cu_seqlens``;
 SDPA reads the same tensors as ``[B, H, L, D]`` views of BSHD (no copy) with
@@ -19,7 +19,7 @@ prefill modules as the paged one): fa3 and fa2 both timed, the faster correct on
 Times: CUDA-graph replays (``*_us``, the headline) and eager calls (``*_eager_us``). ``flops``
 is the exact causal count, ``4 * Hq * D * B * L (L + 1) / 2`` (QK^T and PV, two FLOPs a
 multiply-add); ``bytes`` is q, k, v read and out written once. ``speedup_vs_sdpa`` = SDPA's time /
-ours, ``speedup_vs_flashinfer`` = FlashInfer's / ours (>= 1: ours faster; issue 21's target is
+ours, ``speedup_vs_flashinfer`` = FlashInfer's / ours (>= 1: ours faster; the target is
 >= 0.9 against both). Every peer is checked against SDPA's flash output (ours where SDPA cannot
 run) before it is timed: rel err > 0.05 is WRONG, not timed, in no speedup. Results:
 ``<out>/<device_key>/varlen_attention.csv`` / ``.md`` / ``.json`` (quick runs in ``quick/``).
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import bench_both, rel_err  # noqa: E402
 
-#: (B, L, Hq, Hkv, D): issue 21's full-prefill rows plus D = 256
+#: (B, L, Hq, Hkv, D): the full-prefill rows plus D = 256
 GRID = [
     (1, 8192, 32, 8, 128),
     (4, 4096, 32, 8, 128),
@@ -213,7 +213,7 @@ def main(argv=None):
             rows.append(dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, error=repr(exc)[:200]))
         common.free_memory()
     for key, name in (("speedup_vs_sdpa", "ours/SDPA flash"), ("speedup_vs_flashinfer", "ours/FlashInfer ragged prefill")):
-        line = common.speedup_line(rows, key, name, "target >= 0.9x, issue 21")
+        line = common.speedup_line(rows, key, name, "target >= 0.9x")
         if line:
             summary.append(line)
     table = compact_table(rows)

@@ -79,7 +79,7 @@ COMMON_HEAD_DIMS = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 
 
 
 def head_dim_pairs(max_dim: int = 512):
-    """(D, Dv): the usual pairs, or any multiples of 8 up to ``max_dim`` (equal or not; issue 31)."""
+    """(D, Dv): the usual pairs, or any multiples of 8 up to ``max_dim`` (equal or not)."""
     from hypothesis import strategies as st
 
     any_dim = st.integers(1, max_dim // 8).map(lambda k: 8 * k)

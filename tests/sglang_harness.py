@@ -159,7 +159,7 @@ _FINDER = _StubFinder()
 def stubbed():
     """The stubs answer imports only inside this block (sglang imports some lazily, during a
     forward): afterwards the finder leaves ``sys.meta_path`` and the stub modules leave
-    ``sys.modules`` (sglang's modules keep their references), so the rest of a pytest session
+    ``sys.modules`` (sglang's modules keep their references), so the rest of a pytest run
     imports exactly as it would without these tests."""
     sys.meta_path.insert(0, _FINDER)
     for name, target in ALIASES.items():

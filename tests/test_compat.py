@@ -21,7 +21,7 @@ DTYPE = torch.float16
 
 @pytest.fixture
 def clean_install():
-    """Each install() test starts with nothing installed and leaves the session as it found it."""
+    """Each install() test starts with nothing installed and leaves the process as it found it."""
     before = compat.installed()
     compat.uninstall()
     yield
@@ -43,7 +43,7 @@ def test_install_resolves_engine_imports(clean_install):
 
     assert sgl_kernel is importlib.import_module("triton_xpu_attn.compat.sgl_kernel")
     assert sgl_kernel.merge_state_v2 is triton_xpu_attn.merge_state_v2
-    assert sgl_kernel.merge_state is triton_xpu_attn.merge_state  # v1 (base 2), issue 31
+    assert sgl_kernel.merge_state is triton_xpu_attn.merge_state  # v1 (base 2)
     assert sgl_kernel.flash_mla_prefill is triton_xpu_attn.flash_mla_prefill
     # the aliased module keeps its own identity
     assert sgl_kernel.__spec__.name == "triton_xpu_attn.compat.sgl_kernel"

@@ -1,4 +1,4 @@
-"""torch.library custom ops (issue 8): one per public tensor op, each with a fake implementation.
+"""torch.library custom ops: one per public tensor op, each with a fake implementation.
 
 * ``torch.library.opcheck`` passes for every op (schema, fake tensors, AOT dispatch with dynamic
   shapes), on small problems and on empty batches;

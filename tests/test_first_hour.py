@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 30): importing triton first on a CPU machine gives an error that
+"""A newcomer's first hour: importing triton first on a CPU machine gives an error that
 says what to do, quick benchmark results leave the checkout clean, and ``python -m bench --help``
 points at nothing outside a user's clone."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19 item 3: ``make_local_attention_virtual_batches`` as sglang calls it, and CPU inputs on a
+"""``make_local_attention_virtual_batches`` as sglang calls it, and CPU inputs on a
 machine whose kernels run on a GPU.
 
 * sglang's keyword names (``query_start_loc_np``, ``seq_lens_np``) and ``preserve_attn_chunk_size``

@@ -1,4 +1,4 @@
-"""bf16 inputs give right answers under the Triton interpreter too (issue 19, item 5).
+"""bf16 inputs give right answers under the Triton interpreter too.
 
 The interpreter computes bf16 arithmetic wrongly upstream (values around 1e9); the launchers of
 paged attention, varlen attention, MLA decode and prefill and the merge run

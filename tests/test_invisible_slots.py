@@ -1,4 +1,4 @@
-"""A key no query may see never reaches the output (issue 19, item 1).
+"""A key no query may see never reaches the output.
 
 Serving engines free KV slots and reuse them without zeroing, so a slot left of every query's
 window, past a request's length in its last page, in an unused page (page 0, sglang's dummy) or

@@ -1,4 +1,4 @@
-"""Local (chunked) attention virtual batches (issue 5; seed: sglang PR 23757).
+"""Local (chunked) attention virtual batches (seed: sglang PR 23757).
 
 * the reference reproduces the worked examples of api_semantics.md §6.3 by hand;
 * the kernels equal the reference (eager and graph mode, torch and numpy inputs, any strides);

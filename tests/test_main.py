@@ -19,7 +19,7 @@ def test_self_check_passes_and_lists_every_op(capsys, monkeypatch):
 
 
 def test_self_check_says_what_its_compute_unit_count_is(capsys, monkeypatch):
-    """Issue 19 item 7: under the interpreter the compute-unit count is nominal (the split
+    """Under the interpreter the compute-unit count is nominal (the split
     heuristics' assumption) and the header says so beside the real core count."""
     import os
 

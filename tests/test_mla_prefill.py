@@ -1,4 +1,4 @@
-"""MLA prefill (issue 20): ``flash_mla_prefill`` / ``flash_mla_prefill_get_workspace_size`` against the
+"""MLA prefill: ``flash_mla_prefill`` / ``flash_mla_prefill_get_workspace_size`` against the
 float64 reference, over ragged queries with and without cached prefixes, every page size, NaN in every
 cache slot no query may see, poisoned outputs, bad input, empty batches; DeepSeek widths on the GPU."""
 import contextlib

@@ -80,7 +80,7 @@ def _sglang_expression(req_to_token, req_pool_indices, page_size, max_pages, ful
     index_dtype=st.sampled_from([torch.int32, torch.int64]),
 )
 def test_normalize_page_table_equals_sglangs_expression(page_size, batch, data, mapped, index_dtype):
-    """Issue 19 item 4: bitwise equal to the expression on every column it defines, 0 beyond, for
+    """Bitwise equal to the expression on every column it defines, 0 beyond, for
     any lengths (columns past a request's pages keep req_to_token's values, stale ones and -1
     included); seq_lens only sizes the default width."""
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))

@@ -370,7 +370,7 @@ def test_fp8_cache(fp8, per_head_scale, tiles):
 
 @pytest.mark.parametrize("shape", ["per sequence [B]", "[B, 1]", "[1, H_kv]", "expanded to 3 heads", "expanded [1] to [B, 5]"])
 def test_descale_shapes_engines_pass(shape):
-    """Descales as vLLM passes them (issue 31): per sequence, size-1 dims, and one value expanded to
+    """Descales as vLLM passes them: per sequence, size-1 dims, and one value expanded to
     a head count that is not the KV heads' (Intel's kernel reads its first element); each equals
     the same call with the scale written out as [B, H_kv]. An ambiguous shape raises naming it."""
     gen = torch.Generator().manual_seed(7)
@@ -405,7 +405,7 @@ def test_descale_shapes_engines_pass(shape):
 def test_head_dim_512(q_len):
     """Gemma 4's global layers (D = Dv = 512, 8 query heads a KV head): decode, a draft and a
     chunk of prefill over 16-token pages with a window, against the float64 reference (the
-    heuristic's 16-key whole-head tiles; issue 31)."""
+    heuristic's 16-key whole-head tiles)."""
     gen = torch.Generator().manual_seed(11)
     batch, hkv, hq, page = 2, 1, 8, 16
     lens = [53, 40]

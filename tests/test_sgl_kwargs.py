@@ -1,4 +1,4 @@
-"""Issue 19 item 2: ``flash_attn_with_kvcache`` takes every keyword sgl-kernel-xpu's takes.
+"""``flash_attn_with_kvcache`` takes every keyword sgl-kernel-xpu's takes.
 
 Arguments that change nothing on their own (``rotary_seqlens`` and ``rotary_interleaved`` without
 ``rotary_cos``; the hints ``max_seqlen_k``, ``scheduler_metadata``, ``pack_gqa``, ``sm_margin``) are

@@ -1,4 +1,4 @@
-"""Concurrent calls from several Python threads (issue 29): four threads running the ops at once
+"""Concurrent calls from several Python threads: four threads running the ops at once
 get the results one thread gets, compiled (launches run concurrently) and under Triton's
 interpreter (whose launches take turns: ``_common.device_guard``)."""
 from __future__ import annotations

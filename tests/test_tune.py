@@ -152,7 +152,7 @@ def test_only_parsing_rejects_malformed_items(capsys):
 
 
 def test_ops_never_import_the_tuner():
-    """Issue 19 item 7: the dependency runs one way. Importing the package (every op, the custom
+    """The dependency runs one way. Importing the package (every op, the custom
     ops, the lookup) leaves the tuner unimported, and no module of the package but the tuner's
     entry point names it; the tuner imports the ops (and runs as `python -m triton_xpu_attn.tuner`)."""
     import ast
@@ -248,7 +248,7 @@ def test_shipped_config_files_are_well_formed():
 
 
 def test_a_rerun_never_replaces_an_entry_with_a_slower_one():
-    """Issue 30 item 1's guard in the tuner: the file's previous entry is timed beside the
+    """The tuner's guard against slower re-runs: the file's previous entry is timed beside the
     candidates and replaced only by one MIN_TUNED_GAIN faster; the heuristic wins near-ties."""
     gain = tuner.MIN_TUNED_GAIN
     prev, new = {"BLOCK_N": 32}, {"BLOCK_N": 128}

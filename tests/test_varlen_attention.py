@@ -55,7 +55,7 @@ def varlen_problems(draw, max_batch=3, max_q=6, max_k=12):
     k_lens = [draw(st.integers(0, max_k)) for _ in range(batch)]  # q_len > kv_len happens
     use_seqused = draw(st.booleans())
     seqused = [draw(st.integers(0, n)) for n in k_lens] if use_seqused else None
-    # FlashAttention-3's seqused_q (issue 31): the first rows of each slice, masks aligned to them
+    # FlashAttention-3's seqused_q: the first rows of each slice, masks aligned to them
     seqused_q = [draw(st.integers(0, n)) for n in q_lens] if draw(st.booleans()) else None
     return dict(seqused_q=seqused_q,
         dtype=dtype, batch=batch, group=draw(st.sampled_from(GROUPS)), num_kv_heads=draw(st.integers(1, 2)),

@@ -108,7 +108,7 @@ def check_kernel_device(name: str, device: torch.device) -> None:
         )
 
 
-# ---- the argument contract: every op checks its scalars through these (issue 29) ----
+# ---- the argument contract: every op checks its scalars through these ----
 # A scalar of the wrong type raises TypeError, one out of range or not finite ValueError, both
 # naming the argument. A scalar may be a Python number, a numpy scalar or a one-element torch
 # tensor on any device, as upstream's wrappers hand on to their ops (sgl-kernel-xpu's tests pass

@@ -241,7 +241,7 @@ def translate_loc_from_full_to_swa(full_to_swa, locs):
     return full_to_swa.cpu()[locs.cpu().long()].to(torch.int32)
 
 
-# ---- local attention virtual batches (issue 5) ----
+# ---- local attention virtual batches ----
 
 
 def make_local_attention_virtual_batches(
@@ -323,7 +323,7 @@ def chunked_local_attention(q, k_cache, v_cache, query_start_loc, seq_lens, page
     return out
 
 
-# ---- SWA speculative page table (issue 6) ----
+# ---- SWA speculative page table ----
 
 
 def prepare_swa_spec_page_table(
@@ -378,7 +378,7 @@ def prepare_swa_spec_page_table(
     return dst
 
 
-# ---- MLA decode (issue 4) ----
+# ---- MLA decode ----
 
 
 def mla_decode(
@@ -431,7 +431,7 @@ def mla_decode(
     return out, lse
 
 
-# ---- MLA prefill (issue 20) ----
+# ---- MLA prefill ----
 
 
 def mla_prefill(

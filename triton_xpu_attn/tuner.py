@@ -171,7 +171,7 @@ def tune(ops: list[str], quick: bool, out_dir: str, only: dict | None = None) ->
 
             baseline = measure(None)
             # the entry a file already has for this bucket: timed too, and replaced only by a
-            # clearly faster one (a re-run must not silently cost time: issue 30 item 1)
+            # clearly faster one (a re-run must not silently cost time)
             previous = result["ops"].get(op, {}).get(bucket) or None
             previous_time = measure(previous) if previous else None
             best, best_time = None, float("inf")
@@ -297,7 +297,7 @@ def _pa_problems(fields: dict, quick: bool) -> list[dict]:
         return problems
     if fields["q"] == "varlen":
         # full prefill, every request's queries over its own keys: L/16 query tiles x H_kv
-        # programs a request. Issue 21's grid (B x L = 8-16k tokens) lands in w=32; w=4 is a short prompt
+        # programs a request. The prefill benchmark's grid (B x L = 8-16k tokens) lands in w=32; w=4 is a short prompt
         L = 2048 if fields["w"] >= 16 else 256
         return [dict(B=max(1, programs * 16 // (_pa_kv_heads(fields) * L)), L=L, q_len=L)]
     return [dict(B=max(1, programs // (_pa_kv_heads(fields) * 8)), L=2048, q_len=512)]

@@ -1,4 +1,4 @@
-"""Memory safety with ``validate=False`` (issue 29, item 1): each case calls one op with index
+"""Memory safety with ``validate=False``: each case calls one op with index
 metadata no engine should pass (page ids outside the pool, offsets outside q/out, lengths past a
 slice, pool indices past ``req_to_token``) in a process of its own under compute-sanitizer's
 memcheck, which reports every read or write outside an allocation.

@@ -944,7 +944,7 @@ def _register_compile_variants():
         dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "V"), **xpu,
     )
     # head dims that are not powers of two (masked channels of a 128- / 64-wide tile) and pages of
-    # 512-2048 tokens (issue 31): a block pointer spans one key tile, never a whole page
+    # 512-2048 tokens: a block pointer spans one key tile, never a whole page
     register_xpu_compile(
         _paged_attention_kernel, "decode,bf16,D72,g4,P2048,split",
         {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 32, "PAGE_SIZE": 2048, "KV_LOAD": 2},
