@@ -11,6 +11,7 @@ from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_siz
 from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
 from .ops.mla_sparse import flash_mla_sparse_fwd
 from .ops.mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata
+from .ops.mla_sparse_decode import flash_mla_with_kvcache, get_mla_metadata
 from .ops.paged_attention import flash_attn_with_kvcache
 from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
 from .ops.swa_spec import prepare_swa_spec_page_table
@@ -31,6 +32,8 @@ __all__ = [
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "get_paged_mqa_logits_metadata",
+    "flash_mla_with_kvcache",
+    "get_mla_metadata",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
     "merge_attn_states",

@@ -35,6 +35,8 @@ custom op                              wraps / differences from the public funct
 ``fp8_mqa_logits``                     ``k_fp8`` and ``k_scale`` as two arguments (not a pair)
 ``fp8_paged_mqa_logits``               unchanged (``schedule_metadata`` a tensor or None)
 ``get_paged_mqa_logits_metadata``      unchanged
+``flash_mla_with_kvcache``             no ``tile_scheduler_metadata`` / ``num_splits`` (their only
+                                       accepted values are the defaults); returns ``(out, lse)``
 ``merge_state_v2``, ``merge_state``   return ``(v_merged, s_merged)``
 ``merge_state_v2_out``, ``merge_state_out``  write ``v_merged``, ``s_merged`` in place
 ``merge_attn_states``                  unchanged (writes ``output`` / ``output_lse`` in place)
@@ -73,6 +75,7 @@ from .ops import mla_decode as _mla
 from .ops import mla_prefill as _mla_prefill
 from .ops import mla_sparse as _mla_sparse
 from .ops import mqa_logits as _mqa_logits
+from .ops import mla_sparse_decode as _mla_sparse_decode
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
@@ -90,6 +93,7 @@ __all__ = [
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "get_paged_mqa_logits_metadata",
+    "flash_mla_with_kvcache",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
     "merge_state",
@@ -404,6 +408,43 @@ def get_paged_mqa_logits_metadata(context_lens: Tensor, block_kv: int, num_sms: 
 @get_paged_mqa_logits_metadata.register_fake
 def _(context_lens, block_kv, num_sms):
     return context_lens.new_empty((num_sms + 1, 2), dtype=torch.int32)
+
+
+# ------------------------------------------------------------------------------------------
+# DeepSeek sparse attention (DSA) decode over paged caches (and its dense path)
+# ------------------------------------------------------------------------------------------
+
+
+@_op("flash_mla_with_kvcache")
+def flash_mla_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    block_table: Optional[Tensor] = None,
+    cache_seqlens: Optional[Tensor] = None,
+    head_dim_v: int = 512,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: Optional[Tensor] = None,
+    attn_sink: Optional[Tensor] = None,
+    extra_k_cache: Optional[Tensor] = None,
+    extra_indices_in_kvcache: Optional[Tensor] = None,
+    topk_length: Optional[Tensor] = None,
+    extra_topk_length: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.flash_mla_with_kvcache` as a custom op: ``(out, lse)``."""
+    out, lse = _mla_sparse_decode.flash_mla_with_kvcache(
+        q, k_cache, block_table, cache_seqlens, head_dim_v, None, None, softmax_scale, causal, is_fp8_kvcache,
+        indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
+    return out, lse
+
+
+@flash_mla_with_kvcache.register_fake
+def _(q, k_cache, block_table=None, cache_seqlens=None, head_dim_v=512, softmax_scale=None, causal=False,
+      is_fp8_kvcache=False, indices=None, attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None,
+      topk_length=None, extra_topk_length=None):
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty((b, s_q, h_q, head_dim_v)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------------

@@ -597,3 +597,102 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, seq_lens, block_tables, max_seq_l
             dots = (kj @ qd[b, r].T).clamp_min(0)  # [n, H]
             out[row, j] = (dots * w[row][None, :]).sum(dim=1) * scales[page, j % page_size].to(dtype)
     return out
+# ---- DeepSeek sparse attention (DSA) decode over paged caches ----
+
+
+def _e4m3(byte_values: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bytes (any integer tensor of 0..255) as float64, from the bit fields."""
+    b = byte_values.long()
+    e, m = (b >> 3) & 15, (b & 7).double()
+    v = torch.where(e == 0, m * 2.0**-9, (1 + m / 8) * torch.pow(2.0, (e - 7).double()))
+    v = torch.where((b & 127) == 127, torch.full_like(v, math.nan), v)
+    return torch.where(b >= 128, -v, v)
+
+
+def dequantize_fp8_kv_cache(k_cache: torch.Tensor) -> torch.Tensor:
+    """A packed fp8 sparse-decode cache ``[num_pages, page_size, 1, 584 | 656]`` (DeepSeek-V4 pages
+    / DeepSeek-V3.2 records, as ``flash_mla_with_kvcache`` reads them) as float64 rows
+    ``[num_pages, page_size, 512 | 576]``.
+
+    V4 (584): per page ``k_cache.stride(0)`` bytes; token ``t``'s record at byte ``t * 576``: 448
+    e4m3 channels then 64 bf16 channels; its UE8M0 scales (``2^(e - 127)``, channel ``c`` < 448
+    uses scale ``c // 64``) at byte ``page_size * 576 + t * 8``. V3.2 (656): token ``t`` at
+    ``t * stride(1)``: 512 e4m3 channels, 4 fp32 scales (channel ``c`` uses ``c // 128``), 64 bf16.
+    """
+    num_pages, page_size, _, width = k_cache.shape
+    raw = k_cache.view(torch.uint8)
+    flat = torch.as_strided(raw, (raw.untyped_storage().nbytes() - raw.storage_offset(),), (1,)).cpu()
+    out = torch.empty(num_pages, page_size, 512 if width == 584 else 576, dtype=torch.float64)
+    for p in range(num_pages):
+        for t in range(page_size):
+            if width == 584:
+                rec = flat[p * raw.stride(0) + t * 576:][:576]
+                scales = flat[p * raw.stride(0) + page_size * 576 + t * 8:][:7].long()
+                scale = torch.where(scales == 255, math.nan, torch.pow(2.0, (scales - 127).double()))
+                out[p, t, :448] = _e4m3(rec[:448]) * scale.repeat_interleave(64)
+                out[p, t, 448:] = rec[448:576].clone().view(torch.bfloat16).double()
+            else:
+                rec = flat[p * raw.stride(0) + t * raw.stride(1):][:656]
+                scale = rec[512:528].clone().view(torch.float32).double()
+                out[p, t, :512] = _e4m3(rec[:512]) * scale.repeat_interleave(128)
+                out[p, t, 512:] = rec[528:656].clone().view(torch.bfloat16).double()
+    return out
+
+
+def mla_sparse_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    head_dim_v: int = 512,
+    softmax_scale: float | None = None,
+    is_fp8_kvcache: bool = False,
+    attn_sink=None,
+    extra_k_cache=None,
+    extra_indices=None,
+    topk_length=None,
+    extra_topk_length=None,
+    dtype: torch.dtype = torch.float64,
+):
+    """Sparse MLA decode over paged caches (FlashMLA's ``flash_mla_with_kvcache`` with ``indices``,
+    as its ``tests/ref.py`` defines it).
+
+    ``q [B, s_q, h_q, d_qk]``; ``k_cache [num_pages, page_size, 1, d]`` (rows of ``d_qk`` channels,
+    or a packed fp8 cache: :func:`dequantize_fp8_kv_cache`); ``indices [B, s_q, topk]``: token
+    ``page * page_size + slot``. Entry ``i`` of ``(b, s)`` counts iff ``i < topk_length[b]`` and its
+    index lies in ``[0, num_pages * page_size)``; likewise the extra cache's. Over all counted
+    tokens: ``z = softmax_scale * q . row``, ``lse = logsumexp z``, ``out = softmax(z) @
+    rows[:, :head_dim_v] * sigmoid(lse - attn_sink[h])``; no counted entry: out 0, lse +inf.
+    Returns ``(out [B, s_q, h_q, head_dim_v], lse [B, h_q, s_q])`` in ``dtype``.
+    """
+    B, s_q, h_q, d_qk = q.shape
+    scale = d_qk**-0.5 if softmax_scale is None else softmax_scale
+
+    def rows_of(cache):
+        if is_fp8_kvcache:
+            r = dequantize_fp8_kv_cache(cache)
+        else:
+            r = cache[:, :, 0].cpu().to(torch.float64)
+        return r.reshape(-1, r.shape[-1])
+
+    lists = [(rows_of(k_cache), indices.cpu(), topk_length)]
+    if extra_k_cache is not None:
+        lists.append((rows_of(extra_k_cache), extra_indices.cpu(), extra_topk_length))
+    out = torch.zeros(B, s_q, h_q, head_dim_v, dtype=dtype)
+    lse = torch.full((B, h_q, s_q), math.inf, dtype=dtype)
+    for b in range(B):
+        for s in range(s_q):
+            chosen = []
+            for rows, idx, lengths in lists:
+                n = idx.shape[-1] if lengths is None else min(max(int(lengths[b]), 0), idx.shape[-1])
+                chosen += [rows[int(i)] for i in idx[b, s, :n] if 0 <= int(i) < rows.shape[0]]
+            if not chosen:
+                continue
+            kv = torch.stack(chosen).to(dtype)
+            z = (q[b, s].cpu().to(dtype) @ kv.T) * scale  # [h_q, n]
+            row_lse = torch.logsumexp(z, dim=-1)
+            o = torch.softmax(z, dim=-1) @ kv[:, :head_dim_v]
+            if attn_sink is not None:
+                o = o * torch.sigmoid(row_lse - attn_sink.cpu().to(dtype))[:, None]
+            out[b, s] = o
+            lse[b, :, s] = row_lse
+    return out, lse

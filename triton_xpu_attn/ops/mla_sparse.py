@@ -64,6 +64,22 @@ _LN2 = tl.constexpr(LN2)
 MAX_HEAD_DIM = 1024
 
 
+#: cache layouts of the selected rows (the kernel's ``LAYOUT``)
+LAYOUT_PLAIN = 0  # rows of q's dtype, d_qk contiguous channels
+LAYOUT_FP8_V4 = 1  # DeepSeek-V4 packed pages: 448 e4m3 + 64 bf16 per token, UE8M0 tile scales at the page end
+LAYOUT_FP8_V32 = 2  # DeepSeek-V3.2 records: 512 e4m3, 4 fp32 tile scales, 64 bf16 per token (656 bytes)
+
+#: DeepSeek-V4 packed page geometry (bytes): a token's nope + rope record, its scale record
+V4_RECORD = 576
+V4_SCALE_RECORD = 8
+V4_NOPE = 448
+V4_TILE = 64
+#: DeepSeek-V3.2 record geometry (bytes): nope, then 4 fp32 scales, then the bf16 rope
+V32_RECORD = 656
+V32_NOPE = 512
+V32_TILE = 128
+
+
 @triton.jit
 def _rows_cols_mask(rows_ok, cols, LIMIT: tl.constexpr, END: tl.constexpr):
     """2-D mask of rows ``rows_ok`` x columns ``cols < LIMIT`` of a block whose columns end at
@@ -83,33 +99,168 @@ def _score_dot(q, k, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_to_f32(b):
+    """fp8 e4m3 (``float8_e4m3fn``) bytes (int32 0..255) to fp32, exactly, in integer arithmetic
+    (no fp8 type needed: Intel GPUs have no fp8 units, the interpreter no fp8 arrays)."""
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9
+    v = tl.where((b & 127) == 127, float("nan"), v)
+    return tl.where(b >= 128, -v, v)
+
+
+@triton.jit
+def _ue8m0_to_f32(s):
+    """UE8M0 scale bytes (int32 0..255): ``2^(s - 127)``, 255 = NaN."""
+    v = (s << 23).to(tl.float32, bitcast=True)
+    v = tl.where(s == 0, 5.877471754111438e-39, v)  # 2^-127 (an fp32 subnormal)
+    return tl.where(s == 255, float("nan"), v)
+
+
+@triton.jit
+def _k_cols(rows, scale_rows, valid, cols, COL_END: tl.constexpr, D_QK: tl.constexpr, LAYOUT: tl.constexpr,
+            DTYPE: tl.constexpr):
+    """Channels ``cols`` (all below ``COL_END``) of the selected rows as ``[BLOCK_N, len(cols)]``
+    ``DTYPE``: ``rows`` / ``scale_rows`` are the rows' starts (elements of the cache's dtype for
+    ``LAYOUT_PLAIN``, bytes otherwise), ``valid`` the rows to read (others and channels past
+    ``d_qk`` give 0). fp8 channels are dequantised (tile scale applied) before the cast."""
+    if LAYOUT == 0:
+        k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, COL_END), other=0.0)
+        return k.to(DTYPE)
+    else:
+        NOPE: tl.constexpr = 448 if LAYOUT == 1 else 512
+        ROPE_AT: tl.constexpr = 448 if LAYOUT == 1 else 528
+        if COL_END > NOPE:
+            rope_ptr = (rows + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
+            rope = tl.load(rope_ptr[:, None] + tl.where(cols >= NOPE, cols - NOPE, 0)[None, :],
+                           mask=valid[:, None] & ((cols >= NOPE) & (cols < D_QK))[None, :], other=0.0).to(tl.float32)
+        nope_mask = _rows_cols_mask(valid, cols, NOPE, COL_END)
+        b = tl.load(rows[:, None] + cols[None, :], mask=nope_mask, other=0).to(tl.int32)
+        if LAYOUT == 1:
+            s = tl.load(scale_rows[:, None] + (cols // 64)[None, :], mask=nope_mask, other=127).to(tl.int32)
+            scale = _ue8m0_to_f32(s)
+        else:
+            scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + (cols // 128)[None, :],
+                            mask=nope_mask, other=1.0)
+        k = _e4m3_to_f32(b) * scale
+        if COL_END > NOPE:
+            k = tl.where((cols < NOPE)[None, :], k, rope)
+        return k.to(DTYPE)
+
+
+@triton.jit
+def _attend_list(
+    q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
+    cache_ptr, page_size, stride_page, stride_slot, num_rows,
+    idx_row, stride_i_k, lo, hi, qk_scale,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MAIN: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr, SCORE_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_DV: tl.constexpr,
+    V_FROM_K: tl.constexpr, LAYOUT: tl.constexpr, PAGED: tl.constexpr, DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of the query block over entries ``[lo, hi)`` of one index list: each entry
+    a row of the cache (``PAGED``: token ``page * page_size + slot`` of a paged cache), skipped
+    unless in ``[0, num_rows)``. Returns the updated ``(m_i, l_i, acc)``."""
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        listed = offs < hi
+        idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
+        valid = listed & (idx >= 0) & (idx < num_rows)
+        # row starts of the selected rows (64-bit: rows x row stride may pass 2^31); an invalid
+        # entry points at row 0 but is never loaded
+        safe = tl.where(valid, idx, 0).to(tl.int64)
+        if PAGED:
+            page = safe // page_size
+            slot = safe - page * page_size
+        else:
+            page = safe
+            slot = safe * 0
+        if LAYOUT == 1:
+            page_start = cache_ptr + page * stride_page
+            rows = page_start + slot * 576
+            scale_rows = page_start + page_size * 576 + slot * 8
+        else:
+            rows = cache_ptr + page * stride_page + slot * stride_slot
+            scale_rows = rows + 512  # LAYOUT_FP8_V32: the fp32 scales follow the nope bytes
+        if SCORE_CHUNK == 0:
+            cm = tl.arange(0, BLOCK_MAIN)
+            k_main = _k_cols(rows, scale_rows, valid, cm, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
+            s = _score_dot(q_main, k_main, DOT_PRECISION)
+            if BLOCK_TAIL > 0:
+                ct = BLOCK_MAIN + tl.arange(0, BLOCK_TAIL)
+                k_tail = _k_cols(rows, scale_rows, valid, ct, BLOCK_MAIN + BLOCK_TAIL, D_QK, LAYOUT, DTYPE)
+                s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
+        else:
+            for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
+                cc = c * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
+                q_c = tl.load(q_rows[:, None] + cc[None, :],
+                              mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
+                k_c = _k_cols(rows, scale_rows, valid, cc, (c + 1) * SCORE_CHUNK, D_QK, LAYOUT, DTYPE)
+                part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
+                s = part if c == 0 else s + part
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+        if V_FROM_K:
+            v = k_main
+        else:
+            v = _k_cols(rows, scale_rows, valid, dv, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
+        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _mla_sparse_kernel(
-    q_ptr,  # [s_q, h_q, D_QK] (any token / head strides, channels contiguous)
+    q_ptr,  # [.., h_q, D_QK] query rows of token (b, s): q_ptr + b * stride_q_b + s * stride_q_s
+    stride_q_b,
     stride_q_s,
     stride_q_h,
-    kv_ptr,  # [s_kv, h_kv, D_QK] (channels contiguous)
-    stride_kv_s,
+    kv_ptr,  # rows (LAYOUT_PLAIN, q's dtype) or packed fp8 pages (bytes)
+    stride_kv_page,  # elements (bytes) from one page (PAGED) or row to the next
+    stride_kv_slot,  # from one token of a page to the next (PAGED; LAYOUT_FP8_V4: unused)
     stride_kv_h,
-    idx_ptr,  # [s_q, h_kv, topk] int32 / int64 rows of kv (any strides)
+    page_size,
+    num_rows,  # tokens of the cache: an index outside [0, num_rows) is never followed
+    idx_ptr,  # index lists of token (b, s) and KV head: int32 / int64 (any strides)
+    stride_i_b,
     stride_i_s,
     stride_i_h,
     stride_i_k,
-    topk_length_ptr,  # [s_q] int32 / int64 (read when HAS_TOPK_LENGTH)
-    stride_tl,
+    topk_length_ptr,  # read when HAS_TOPK_LENGTH: entries of token (b, s) that count
+    stride_tl_b,
+    stride_tl_s,
+    x_kv_ptr,  # the extra cache (HAS_EXTRA): same layout, its own pages
+    x_stride_kv_page,
+    x_stride_kv_slot,
+    x_page_size,
+    x_num_rows,
+    x_idx_ptr,
+    x_stride_i_b,
+    x_stride_i_s,
+    x_stride_i_k,
+    x_topk_length_ptr,  # read when HAS_EXTRA_TOPK_LENGTH
+    x_stride_tl_b,
     sink_ptr,  # [h_q] float (read when HAS_SINK)
     stride_sink,
-    out_ptr,  # [s_q, h_q, D_V] (channels contiguous)
+    out_ptr,  # SPLIT: fp32 partials [tokens, h_q, splits, D_V]; else the output, token (b, s)
+    stride_o_b,
     stride_o_s,
     stride_o_h,
-    max_logits_ptr,  # [s_q, h_q] fp32
+    stride_o_split,
+    max_logits_ptr,  # fp32, token (b, s) (written when WRITE_MAX)
+    stride_m_b,
     stride_m_s,
     stride_m_h,
-    lse_ptr,  # [s_q, h_q] fp32
+    lse_ptr,  # fp32, token (b, s); SPLIT: partial LSEs [tokens, h_q, splits]
+    stride_l_b,
     stride_l_s,
     stride_l_h,
+    stride_l_split,
     qk_scale,  # sm_scale * log2(e)
-    s_kv,  # rows of kv: an index outside [0, s_kv) is never followed
+    tokens_per_batch,  # s_q of the decode layout (1: every token its own batch)
     topk,  # entries per index list
+    x_topk,  # entries per extra index list (HAS_EXTRA)
+    split_len,  # SPLIT: entries of the joined lists [main | extra] per split
     group,  # query heads per KV head (h_q // h_kv)
     D_QK: tl.constexpr,
     D_V: tl.constexpr,
@@ -119,15 +270,25 @@ def _mla_sparse_kernel(
     BLOCK_TAIL: tl.constexpr,  # ... and [BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL) (0: none)
     SCORE_CHUNK: tl.constexpr,  # > 0: the score dot in chunks of this many channels, q re-read per tile
     BLOCK_DV: tl.constexpr,  # output channels per program (a power of two)
+    LAYOUT: tl.constexpr,
+    PAGED: tl.constexpr,
     HAS_TOPK_LENGTH: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_EXTRA_TOPK_LENGTH: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr,  # write normalised partials and their LSEs (combined by another kernel)
+    WRITE_MAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     NUM_DV: tl.constexpr = (D_V + BLOCK_DV - 1) // BLOCK_DV
     # the K tile of the held-q path is V too when one program owns all output channels in it
     V_FROM_K: tl.constexpr = (SCORE_CHUNK == 0 and NUM_DV == 1) and BLOCK_DV == BLOCK_MAIN
+    DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)  # token (axis 0: up to 2^31 - 1 tokens)
     pid = tl.program_id(1)
+    split = tl.program_id(2)
+    b = t // tokens_per_batch
+    sq = t - b * tokens_per_batch
     dv_tile = pid % NUM_DV
     head_block = pid // NUM_DV
     blocks_per_group = tl.cdiv(group, BLOCK_H)
@@ -136,17 +297,25 @@ def _mla_sparse_kernel(
     row_ok = local < group
     head = (kv_head * group + local).to(tl.int64)
 
-    # entries of this token's list that count: the first topk_length[t] (clamped to [0, topk])
-    n_entries = topk
+    # entries of this token's list that count: the first topk_length (clamped to [0, topk])
+    n_main = topk
     if HAS_TOPK_LENGTH:
-        n_entries = tl.minimum(tl.maximum(tl.load(topk_length_ptr + t * stride_tl), 0), topk)
+        n_main = tl.minimum(tl.maximum(tl.load(topk_length_ptr + b * stride_tl_b + sq * stride_tl_s), 0), topk)
+    lo = 0
+    hi = n_main
+    if SPLIT:
+        # this program's share of the joined lists: positions [split * split_len, + split_len)
+        # of [main entries 0..topk | extra entries 0..x_topk]
+        lo = split * split_len
+        hi = tl.minimum(lo + split_len, n_main)
 
-    q_rows = q_ptr + t * stride_q_s + head * stride_q_h  # [BLOCK_H] row starts
-    kv_rows0 = kv_ptr + kv_head.to(tl.int64) * stride_kv_h
-    idx_row = idx_ptr + t * stride_i_s + kv_head.to(tl.int64) * stride_i_h
-    cm = tl.arange(0, BLOCK_MAIN)
+    q_rows = q_ptr + b * stride_q_b + sq * stride_q_s + head * stride_q_h  # [BLOCK_H] row starts
+    q_main = 0.0
+    q_tail = 0.0
     if SCORE_CHUNK == 0:
+        cm = tl.arange(0, BLOCK_MAIN)
         q_main = tl.load(q_rows[:, None] + cm[None, :], mask=_rows_cols_mask(row_ok, cm, D_QK, BLOCK_MAIN), other=0.0)
+        q_tail = q_main
         if BLOCK_TAIL > 0:
             ct = BLOCK_MAIN + tl.arange(0, BLOCK_TAIL)
             q_tail = tl.load(q_rows[:, None] + ct[None, :],
@@ -156,62 +325,60 @@ def _mla_sparse_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for start in range(0, n_entries, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        listed = offs < n_entries
-        idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
-        valid = listed & (idx >= 0) & (idx < s_kv)
-        # row starts of the selected rows (64-bit: s_kv x row stride may pass 2^31); an invalid
-        # entry points at row 0 but is never loaded
-        rows = kv_rows0 + tl.where(valid, idx, 0).to(tl.int64) * stride_kv_s
-        if SCORE_CHUNK == 0:
-            k_main = tl.load(rows[:, None] + cm[None, :], mask=_rows_cols_mask(valid, cm, D_QK, BLOCK_MAIN), other=0.0)
-            s = _score_dot(q_main, k_main.to(q_main.dtype), DOT_PRECISION)
-            if BLOCK_TAIL > 0:
-                k_tail = tl.load(rows[:, None] + ct[None, :],
-                                 mask=_rows_cols_mask(valid, ct, D_QK, BLOCK_MAIN + BLOCK_TAIL), other=0.0)
-                s = s + _score_dot(q_tail, k_tail.to(q_tail.dtype), DOT_PRECISION)
-        else:
-            for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
-                cc = c * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
-                q_c = tl.load(q_rows[:, None] + cc[None, :],
-                              mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
-                k_c = tl.load(rows[:, None] + cc[None, :],
-                              mask=_rows_cols_mask(valid, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
-                part = _score_dot(q_c, k_c.to(q_c.dtype), DOT_PRECISION)
-                s = part if c == 0 else s + part
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
-        if V_FROM_K:
-            v = k_main
-        else:
-            if D_V % BLOCK_DV == 0:
-                v_mask = valid[:, None]
-            else:
-                v_mask = valid[:, None] & (dv < D_V)[None, :]
-            v = tl.load(rows[:, None] + dv[None, :], mask=v_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+    m_i, l_i, acc = _attend_list(
+        q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
+        kv_ptr + kv_head.to(tl.int64) * stride_kv_h, page_size, stride_kv_page, stride_kv_slot, num_rows,
+        idx_ptr + b * stride_i_b + sq * stride_i_s + kv_head.to(tl.int64) * stride_i_h, stride_i_k, lo, hi, qk_scale,
+        D_QK, D_V, BLOCK_N, BLOCK_MAIN, BLOCK_TAIL, SCORE_CHUNK, BLOCK_DV, NUM_DV, V_FROM_K, LAYOUT, PAGED, DTYPE,
+        DOT_PRECISION)
+    if HAS_EXTRA:
+        n_extra = x_topk
+        if HAS_EXTRA_TOPK_LENGTH:
+            n_extra = tl.minimum(tl.maximum(tl.load(x_topk_length_ptr + b * x_stride_tl_b), 0), x_topk)
+        x_lo = 0
+        x_hi = n_extra
+        if SPLIT:
+            x_lo = tl.maximum(split * split_len - topk, 0)
+            x_hi = tl.minimum(split * split_len + split_len - topk, n_extra)
+        m_i, l_i, acc = _attend_list(
+            q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
+            x_kv_ptr, x_page_size, x_stride_kv_page, x_stride_kv_slot, x_num_rows,
+            x_idx_ptr + b * x_stride_i_b + sq * x_stride_i_s, x_stride_i_k, x_lo, x_hi, qk_scale,
+            D_QK, D_V, BLOCK_N, BLOCK_MAIN, BLOCK_TAIL, SCORE_CHUNK, BLOCK_DV, NUM_DV, V_FROM_K, LAYOUT, PAGED,
+            DTYPE, DOT_PRECISION)
 
-    # l_i > 0 for every row that saw a valid entry; a token without one has acc = 0 and gives 0
-    # (with or without a sink), never 0 / 0; NaN from a selected row propagates
-    denom = l_i
-    if HAS_SINK:
-        sink = tl.load(sink_ptr + head * stride_sink, mask=row_ok, other=float("-inf")).to(tl.float32) * _LOG2E
-        m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-        denom = l_i + tl.exp2(sink - m_safe)  # a +inf sink: denominator inf, output 0
-    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    o_rows = out_ptr + t * stride_o_s + head * stride_o_h
     if D_V % BLOCK_DV == 0:
         o_mask = row_ok[:, None]
     else:
         o_mask = row_ok[:, None] & (dv < D_V)[None, :]
-    tl.store(o_rows[:, None] + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
-    if dv_tile == 0:
-        # natural-log units of the scaled logits; a token without a valid entry: max -inf, lse +inf
-        no_key = l_i == 0.0  # NaN from a selected row stays NaN
-        lse = tl.where(no_key, float("inf"), (m_i + tl.log2(tl.where(no_key, 1.0, l_i))) * _LN2)
-        tl.store(max_logits_ptr + t * stride_m_s + head * stride_m_h, m_i * _LN2, mask=row_ok)
-        tl.store(lse_ptr + t * stride_l_s + head * stride_l_h, lse, mask=row_ok)
+    no_key = l_i == 0.0  # NaN from a selected row stays NaN
+    l_safe = tl.where(no_key, 1.0, l_i)
+    lse_row = lse_ptr + b * stride_l_b + sq * stride_l_s + head * stride_l_h
+    if SPLIT:
+        # this split's normalised output and natural-log LSE (-inf: no entry; the combine skips it)
+        o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h + split * stride_o_split
+        tl.store(o_rows[:, None] + dv[None, :], acc / l_safe[:, None], mask=o_mask)
+        if dv_tile == 0:
+            lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)
+            tl.store(lse_row + split * stride_l_split, lse, mask=row_ok)
+    else:
+        # l_i > 0 for every row that saw a valid entry; a token without one has acc = 0 and gives 0
+        # (with or without a sink), never 0 / 0; NaN from a selected row propagates
+        denom = l_i
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + head * stride_sink, mask=row_ok, other=float("-inf")).to(tl.float32) * _LOG2E
+            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+            denom = l_i + tl.exp2(sink - m_safe)  # a +inf sink: denominator inf, output 0
+        o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+        o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h
+        tl.store(o_rows[:, None] + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        if dv_tile == 0:
+            # natural-log units of the scaled logits; a token without a valid entry: max -inf, lse +inf
+            lse = tl.where(no_key, float("inf"), (m_i + tl.log2(l_safe)) * _LN2)
+            tl.store(lse_row, lse, mask=row_ok)
+            if WRITE_MAX:
+                tl.store(max_logits_ptr + b * stride_m_b + sq * stride_m_s + head * stride_m_h, m_i * _LN2,
+                         mask=row_ok)
 
 
 #: the XPU heuristic's tile as kernel constexprs (see ``_heuristic_config``): 0 B spilled on pvc and
@@ -221,16 +388,22 @@ _XPU_TILES_CONSTEXPRS = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64
 
 def _register_compile_variants():
     deepseek = dict(
-        q_ptr="*bf16", stride_q_s="i64", stride_q_h="i32",
-        kv_ptr="*bf16", stride_kv_s="i64", stride_kv_h="i32",
-        idx_ptr="*i32", stride_i_s="i64", stride_i_h="i32", stride_i_k="i32",
-        topk_length_ptr="*i32", stride_tl="i32", sink_ptr="*fp32", stride_sink="i32",
-        out_ptr="*bf16", stride_o_s="i64", stride_o_h="i32",
-        max_logits_ptr="*fp32", stride_m_s="i32", stride_m_h="i32",
-        lse_ptr="*fp32", stride_l_s="i32", stride_l_h="i32",
-        qk_scale="fp32", s_kv="i32", topk="i32", group="i32",
-        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64,
-        HAS_TOPK_LENGTH=True, HAS_SINK=True, DOT_PRECISION="tf32",
+        q_ptr="*bf16", stride_q_b="i64", stride_q_s="i32", stride_q_h="i32",
+        kv_ptr="*bf16", stride_kv_page="i64", stride_kv_slot="i32", stride_kv_h="i32", page_size="i32",
+        num_rows="i32",
+        idx_ptr="*i32", stride_i_b="i64", stride_i_s="i32", stride_i_h="i32", stride_i_k="i32",
+        topk_length_ptr="*i32", stride_tl_b="i32", stride_tl_s="i32",
+        x_kv_ptr="*bf16", x_stride_kv_page="i64", x_stride_kv_slot="i32", x_page_size="i32", x_num_rows="i32",
+        x_idx_ptr="*i32", x_stride_i_b="i64", x_stride_i_s="i32", x_stride_i_k="i32",
+        x_topk_length_ptr="*i32", x_stride_tl_b="i32",
+        sink_ptr="*fp32", stride_sink="i32",
+        out_ptr="*bf16", stride_o_b="i64", stride_o_s="i32", stride_o_h="i32", stride_o_split="i32",
+        max_logits_ptr="*fp32", stride_m_b="i32", stride_m_s="i32", stride_m_h="i32",
+        lse_ptr="*fp32", stride_l_b="i32", stride_l_s="i32", stride_l_h="i32", stride_l_split="i32",
+        qk_scale="fp32", tokens_per_batch="i32", topk="i32", x_topk="i32", split_len="i32", group="i32",
+        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN, PAGED=False,
+        HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
+        WRITE_MAX=True, DOT_PRECISION="tf32",
     )
     opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
@@ -239,7 +412,18 @@ def _register_compile_variants():
                          {**deepseek, **_XPU_TILES_CONSTEXPRS}, **opts)
     register_xpu_compile(_mla_sparse_kernel, "fp16,D512,DV512,BH16xDV64,chunks64",
                          {**deepseek, **_XPU_TILES_CONSTEXPRS, "q_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16",
-                          "D_QK": 512, "BLOCK_TAIL": 0, "HAS_TOPK_LENGTH": False, "HAS_SINK": False}, **opts)
+                          "x_kv_ptr": "*fp16", "D_QK": 512, "BLOCK_TAIL": 0, "HAS_TOPK_LENGTH": False,
+                          "HAS_SINK": False}, **opts)
+    # sparse decode (flash_mla_with_kvcache): paged caches, the extra cache, split partials
+    decode = {**deepseek, **_XPU_TILES_CONSTEXPRS, "PAGED": True, "HAS_EXTRA": True, "HAS_EXTRA_TOPK_LENGTH": True,
+              "WRITE_MAX": False}
+    register_xpu_compile(_mla_sparse_kernel, "decode,bf16,D576,paged,extra,split,BH16xDV64,chunks64",
+                         {**decode, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
+    # DeepSeek-V4's packed fp8 pages (bytes), dequantised to bf16 before each dot
+    v4 = {**decode, "kv_ptr": "*u8", "x_kv_ptr": "*u8", "D_QK": 512, "BLOCK_TAIL": 0, "LAYOUT": LAYOUT_FP8_V4}
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,sink,BH16xDV64,chunks64", v4, **opts)
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,split,BH16xDV64,chunks64",
+                         {**v4, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
 
 
 _register_compile_variants()
@@ -276,6 +460,79 @@ def _check_output(name: str, t, dtype: torch.dtype, shape: tuple, last_dim_conti
     if t is not None:
         check_tensor(name, t, dtypes=(dtype,), shape=shape, last_dim_contiguous=last_dim_contiguous)
     return t
+
+
+def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, device, *, op: str = "mla_sparse",
+                 cache: str | None = None) -> dict:
+    """The kernel's tiles for these sizes: ``tune.lookup(op, ...)`` over the built-in heuristic,
+    checked, with the derived constexprs and ``programs_per_token`` (head blocks x channel slices
+    per token). ``cache``: the bucket's cache field (the layout), when not q's dtype."""
+    group = h_q // h_kv
+    fields = {"h": tune.pow2_bucket(group, 16, 128), "d": d_qk, "dtype": str(dtype).replace("torch.", "")}
+    if cache is not None:
+        fields["cache"] = cache
+    config = tune.lookup(op, fields, _heuristic_config(group, dtype), device=device)
+    block_h = _pow2_at_least_16(config["BLOCK_H"], "BLOCK_H")
+    block_n = _pow2_at_least_16(config["BLOCK_N"], "BLOCK_N")
+    score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
+    if score_chunk:
+        score_chunk = _pow2_at_least_16(score_chunk, "SCORE_CHUNK")
+    block_dv_all = max(16, next_power_of_2(d_v))
+    block_dv = int(config.get("BLOCK_DV", 0) or 0)
+    block_dv = min(_pow2_at_least_16(block_dv, "BLOCK_DV"), block_dv_all) if block_dv else block_dv_all
+    num_dv = cdiv(d_v, block_dv)
+    # the score dot's held pieces: the largest power of two <= d_qk (at least 16), then the rest
+    block_main = max(16, 1 << (d_qk.bit_length() - 1))
+    rest = d_qk - block_main
+    block_tail = max(16, next_power_of_2(rest)) if rest > 0 else 0
+    programs_per_token = h_kv * cdiv(group, block_h) * num_dv
+    if programs_per_token > MAX_GRID_DIM_1:
+        raise ValueError(
+            f"q has too many heads for one launch: {h_q} heads in blocks of {block_h} x {num_dv} channel slices "
+            f"need {programs_per_token} programs a token (at most {MAX_GRID_DIM_1})"
+        )
+    return dict(config=config, group=group, d_qk=d_qk, d_v=d_v, BLOCK_H=block_h, BLOCK_N=block_n,
+                BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail, SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
+                programs_per_token=programs_per_token)
+
+
+def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, page_size: int, num_rows: int,
+                  indices, idx_strides, topk_length, tl_strides, attn_sink, out, o_strides, lse, l_strides,
+                  sm_scale: float, tokens_per_batch: int, topk: int, layout: int, paged: bool,
+                  max_logits=None, m_strides=(0, 0, 0), extra=None, split_len: int = 0) -> None:
+    """One launch of ``_mla_sparse_kernel`` (internal; no argument checks). Strides are in
+    elements of each tensor (bytes for packed fp8 caches); token strides ``(b, s, ...)``.
+    ``extra``: the extra cache's ``dict(kv, kv_strides (page, slot), page_size, num_rows, indices,
+    idx_strides (b, s, k), topk, topk_length, tl_stride)``. ``grid[2] > 1``: split mode, ``out`` /
+    ``lse`` are the fp32 partials (``o_strides`` / ``l_strides`` end with the split stride)."""
+    split = grid[2] > 1
+    # absent optional inputs: any tensor in their place (never read)
+    x = extra or {}
+    x_lengths = x.get("topk_length")
+    with device_guard(device):
+        _mla_sparse_kernel[grid](
+            q, *q_strides,
+            kv, *kv_strides, page_size, num_rows,
+            indices, *idx_strides,
+            topk_length if topk_length is not None else indices, *tl_strides,
+            x.get("kv", kv), *x.get("kv_strides", (0, 0)), x.get("page_size", 1), x.get("num_rows", 0),
+            x.get("indices", indices), *x.get("idx_strides", (0, 0, 0)),
+            x_lengths if x_lengths is not None else indices, x.get("tl_stride", 0),
+            attn_sink if attn_sink is not None else lse, attn_sink.stride(0) if attn_sink is not None else 0,
+            out, *o_strides,
+            max_logits if max_logits is not None else lse, *m_strides,
+            lse, *l_strides,
+            sm_scale * LOG2E, tokens_per_batch, topk, x.get("topk", 0), split_len, tiles["group"],
+            D_QK=tiles["d_qk"], D_V=tiles["d_v"], BLOCK_H=tiles["BLOCK_H"], BLOCK_N=tiles["BLOCK_N"],
+            BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"], SCORE_CHUNK=tiles["SCORE_CHUNK"],
+            BLOCK_DV=tiles["BLOCK_DV"], LAYOUT=layout, PAGED=paged,
+            HAS_TOPK_LENGTH=topk_length is not None, HAS_EXTRA=extra is not None,
+            HAS_EXTRA_TOPK_LENGTH=x_lengths is not None, HAS_SINK=attn_sink is not None and not split,
+            SPLIT=split, WRITE_MAX=max_logits is not None,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            **tune.launch_options(tiles["config"]),
+        )
+
 
 
 def flash_mla_sparse_fwd(
@@ -381,29 +638,7 @@ def flash_mla_sparse_fwd(
     device = check_same_device(q=q, kv=kv, indices=indices, attn_sink=attn_sink, topk_length=topk_length, out=out,
                                max_logits=max_logits, lse=lse)
 
-    group = h_q // h_kv
-    config = tune.lookup(
-        "mla_sparse", {"h": tune.pow2_bucket(group, 16, 128), "d": d_qk, "dtype": str(dtype).replace("torch.", "")},
-        _heuristic_config(group, dtype), device=device)
-    block_h = _pow2_at_least_16(config["BLOCK_H"], "BLOCK_H")
-    block_n = _pow2_at_least_16(config["BLOCK_N"], "BLOCK_N")
-    score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
-    if score_chunk:
-        score_chunk = _pow2_at_least_16(score_chunk, "SCORE_CHUNK")
-    block_dv_all = max(16, next_power_of_2(d_v))
-    block_dv = int(config.get("BLOCK_DV", 0) or 0)
-    block_dv = min(_pow2_at_least_16(block_dv, "BLOCK_DV"), block_dv_all) if block_dv else block_dv_all
-    num_dv = cdiv(d_v, block_dv)
-    # the score dot's held pieces: the largest power of two <= d_qk (at least 16), then the rest
-    block_main = max(16, 1 << (d_qk.bit_length() - 1))
-    rest = d_qk - block_main
-    block_tail = max(16, next_power_of_2(rest)) if rest > 0 else 0
-    programs_per_token = h_kv * cdiv(group, block_h) * num_dv
-    if programs_per_token > MAX_GRID_DIM_1:
-        raise ValueError(
-            f"q has too many heads for one launch: {h_q} heads in blocks of {block_h} x {num_dv} channel slices "
-            f"need {programs_per_token} programs a token (at most {MAX_GRID_DIM_1})"
-        )
+    tiles = sparse_tiles(h_q, h_kv, d_qk, d_v, dtype, device)
 
     if out is None:
         out = torch.empty((s_q, h_q, d_v), dtype=dtype, device=device)
@@ -424,26 +659,16 @@ def flash_mla_sparse_fwd(
     # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
     dest = out
     q, kv, out = interpreter_float32(q, kv, out)
-    # absent optional inputs: any tensor in their place (never read)
-    lengths = (topk_length, topk_length.stride(0)) if topk_length is not None else (indices, 0)
-    sinks = (attn_sink, attn_sink.stride(0)) if attn_sink is not None else (max_logits, 0)
-    with device_guard(device):
-        _mla_sparse_kernel[(s_q, programs_per_token)](
-            q, q.stride(0), q.stride(1),
-            kv, kv.stride(0), kv.stride(1),
-            indices, *indices.stride(),
-            *lengths,
-            *sinks,
-            out, out.stride(0), out.stride(1),
-            max_logits, *max_logits.stride(),
-            lse, *lse.stride(),
-            sm_scale * LOG2E, s_kv, topk, group,
-            D_QK=d_qk, D_V=d_v, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail,
-            SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
-            HAS_TOPK_LENGTH=topk_length is not None, HAS_SINK=attn_sink is not None,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            **tune.launch_options(config),
-        )
+    launch_sparse(
+        tiles, grid=(s_q, tiles["programs_per_token"], 1), device=device,
+        q=q, q_strides=(q.stride(0), 0, q.stride(1)),
+        kv=kv, kv_strides=(kv.stride(0), 0, kv.stride(1)), page_size=1, num_rows=s_kv,
+        indices=indices, idx_strides=(indices.stride(0), 0, indices.stride(1), indices.stride(2)),
+        topk_length=topk_length, tl_strides=(topk_length.stride(0), 0) if topk_length is not None else (0, 0),
+        attn_sink=attn_sink, out=out, o_strides=(out.stride(0), 0, out.stride(1), 0),
+        max_logits=max_logits, m_strides=(max_logits.stride(0), 0, max_logits.stride(1)),
+        lse=lse, l_strides=(lse.stride(0), 0, lse.stride(1), 0),
+        sm_scale=sm_scale, tokens_per_batch=1, topk=topk, layout=LAYOUT_PLAIN, paged=False)
     if out is not dest:
         dest.copy_(out)
     return dest, max_logits, lse

@@ -11,7 +11,10 @@ imports it from the root on XPU; sgl-kernel-xpu also defines it in the submodule
 ``sgl_kernel.attention``, provided here too),
 the DeepSeek indexer logits ``fp8_mqa_logits``, ``fp8_paged_mqa_logits`` (submodule
 ``sgl_kernel.nsa``) and ``fp8_paged_mqa_logits_triton`` (submodule ``sgl_kernel.fp8_paged_mqa_logits``;
-sglang's DeepSeek indexer imports it from the root on XPU),
+sglang's DeepSeek indexer imports it from the root on XPU), ``flash_mla_with_kvcache`` (DeepSeek sparse attention
+decode over paged caches: the DeepSeek-V4 backend imports it from the root on XPU; also in
+``sgl_kernel.attention``), the submodule ``sgl_kernel.flash_mla`` (CUDA sgl-kernel's path of
+``flash_mla_with_kvcache`` and ``get_mla_metadata``, which the backend imports off XPU),
 ``store_cache_xpu`` (imported by
 ``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
 (``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
@@ -29,6 +32,7 @@ from .attention import (  # the root re-exports them, as sgl-kernel-xpu's does
     flash_mla_prefill,
     flash_mla_prefill_get_workspace_size,
     flash_mla_sparse_fwd,
+    flash_mla_with_kvcache,
     merge_state,
     merge_state_v2,
 )
@@ -37,6 +41,7 @@ from . import fp8_paged_mqa_logits as _fp8_paged_module  # noqa: F401  (submodul
 from . import nsa  # noqa: F401  (sgl_kernel.nsa is a submodule, as in sgl-kernel-xpu)
 from .fp8_paged_mqa_logits import fp8_paged_mqa_logits_triton
 from .nsa import fp8_mqa_logits, fp8_paged_mqa_logits
+from . import flash_mla  # noqa: F401  (sgl_kernel.flash_mla: CUDA sgl-kernel's module of the same functions)
 from .._stand_ins import unprovided
 
 
@@ -100,6 +105,8 @@ __all__ = [
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "fp8_paged_mqa_logits_triton",
+    "flash_mla_with_kvcache",
+    "flash_mla",
     "merge_state",
     "merge_state_v2",
     "nsa",

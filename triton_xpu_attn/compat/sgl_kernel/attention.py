@@ -1,7 +1,6 @@
 """``sgl_kernel.attention`` as sgl-kernel-xpu lays it out (``python/sgl_kernel/attention.py``): the
 attention functions its package root re-exports, served by triton_xpu_attn. Of that module's
-functions, ``flash_mla_with_kvcache`` (sparse MLA decode) and ``lightning_attention_decode`` are not
-provided (importing them raises ``ImportError``)."""
+functions, ``lightning_attention_decode`` is not provided (importing it raises ``ImportError``)."""
 from __future__ import annotations
 
 from triton_xpu_attn import (
@@ -10,6 +9,7 @@ from triton_xpu_attn import (
     flash_mla_prefill,
     flash_mla_prefill_get_workspace_size,
     flash_mla_sparse_fwd,
+    flash_mla_with_kvcache,
     merge_state,
     merge_state_v2,
 )
@@ -20,6 +20,7 @@ __all__ = [
     "flash_mla_prefill",
     "flash_mla_prefill_get_workspace_size",
     "flash_mla_sparse_fwd",
+    "flash_mla_with_kvcache",
     "merge_state",
     "merge_state_v2",
 ]
