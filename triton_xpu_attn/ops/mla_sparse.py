@@ -150,63 +150,29 @@ def _k_cols(rows, scale_rows, valid, cols, COL_END: tl.constexpr, D_QK: tl.const
 
 
 @triton.jit
-def _attend_list(
-    q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
-    cache_ptr, page_size, stride_page, stride_slot, num_rows,
-    idx_row, stride_i_k, lo, hi, qk_scale,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MAIN: tl.constexpr,
-    BLOCK_TAIL: tl.constexpr, SCORE_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_DV: tl.constexpr,
-    V_FROM_K: tl.constexpr, LAYOUT: tl.constexpr, PAGED: tl.constexpr, DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Online softmax of the query block over entries ``[lo, hi)`` of one index list: each entry
-    a row of the cache (``PAGED``: token ``page * page_size + slot`` of a paged cache), skipped
-    unless in ``[0, num_rows)``. Returns the updated ``(m_i, l_i, acc)``."""
-    for start in range(lo, hi, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        listed = offs < hi
-        idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
-        valid = listed & (idx >= 0) & (idx < num_rows)
-        # row starts of the selected rows (64-bit: rows x row stride may pass 2^31); an invalid
-        # entry points at row 0 but is never loaded
-        safe = tl.where(valid, idx, 0).to(tl.int64)
-        if PAGED:
-            page = safe // page_size
-            slot = safe - page * page_size
-        else:
-            page = safe
-            slot = safe * 0
-        if LAYOUT == 1:
-            page_start = cache_ptr + page * stride_page
-            rows = page_start + slot * 576
-            scale_rows = page_start + page_size * 576 + slot * 8
-        else:
-            rows = cache_ptr + page * stride_page + slot * stride_slot
-            scale_rows = rows + 512  # LAYOUT_FP8_V32: the fp32 scales follow the nope bytes
-        if SCORE_CHUNK == 0:
-            cm = tl.arange(0, BLOCK_MAIN)
-            k_main = _k_cols(rows, scale_rows, valid, cm, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
-            s = _score_dot(q_main, k_main, DOT_PRECISION)
-            if BLOCK_TAIL > 0:
-                ct = BLOCK_MAIN + tl.arange(0, BLOCK_TAIL)
-                k_tail = _k_cols(rows, scale_rows, valid, ct, BLOCK_MAIN + BLOCK_TAIL, D_QK, LAYOUT, DTYPE)
-                s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
-        else:
-            for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
-                cc = c * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
-                q_c = tl.load(q_rows[:, None] + cc[None, :],
-                              mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
-                k_c = _k_cols(rows, scale_rows, valid, cc, (c + 1) * SCORE_CHUNK, D_QK, LAYOUT, DTYPE)
-                part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
-                s = part if c == 0 else s + part
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
-        if V_FROM_K:
-            v = k_main
-        else:
-            v = _k_cols(rows, scale_rows, valid, dv, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
-        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return m_i, l_i, acc
+def _cache_rows(cache_ptr, idx, ok, page_size, stride_page, stride_slot, num_rows, LAYOUT: tl.constexpr,
+                PAGED: tl.constexpr):
+    """``(valid, rows, scale_rows)`` of the entries ``idx`` (listed where ``ok``) of one cache: an
+    entry counts when its index lies in ``[0, num_rows)``; ``rows`` / ``scale_rows`` are the row
+    starts for ``_k_cols`` (64-bit: rows x row stride may pass 2^31; an entry that does not count
+    points at row 0 and is never loaded)."""
+    valid = ok & (idx >= 0) & (idx < num_rows)
+    safe = tl.where(valid, idx, 0).to(tl.int64)
+    if PAGED:
+        page = safe // page_size
+        slot = safe - page * page_size
+    else:
+        page = safe
+        slot = safe * 0
+    if LAYOUT == 1:
+        # DeepSeek-V4 page: page_size 576-byte records, then page_size 8-byte scale records
+        page_start = cache_ptr + page * stride_page
+        rows = page_start + slot * 576
+        scale_rows = page_start + page_size * 576 + slot * 8
+    else:
+        rows = cache_ptr + page * stride_page + slot * stride_slot
+        scale_rows = rows + 512  # DeepSeek-V3.2 record: the fp32 scales follow the 512 nope bytes
+    return valid, rows, scale_rows
 
 
 @triton.jit
@@ -260,7 +226,7 @@ def _mla_sparse_kernel(
     tokens_per_batch,  # s_q of the decode layout (1: every token its own batch)
     topk,  # entries per index list
     x_topk,  # entries per extra index list (HAS_EXTRA)
-    split_len,  # SPLIT: entries of the joined lists [main | extra] per split
+    split_len,  # SPLIT: entries per split of the joined list [counted main entries | counted extra entries]
     group,  # query heads per KV head (h_q // h_kv)
     D_QK: tl.constexpr,
     D_V: tl.constexpr,
@@ -297,55 +263,80 @@ def _mla_sparse_kernel(
     row_ok = local < group
     head = (kv_head * group + local).to(tl.int64)
 
-    # entries of this token's list that count: the first topk_length (clamped to [0, topk])
+    # entries that count: the first topk_length of the list (clamped to [0, topk]), then (HAS_EXTRA)
+    # the first extra_topk_length of the extra list, walked as one list [main | extra]
     n_main = topk
     if HAS_TOPK_LENGTH:
         n_main = tl.minimum(tl.maximum(tl.load(topk_length_ptr + b * stride_tl_b + sq * stride_tl_s), 0), topk)
+    n_all = n_main
+    if HAS_EXTRA:
+        n_extra = x_topk
+        if HAS_EXTRA_TOPK_LENGTH:
+            n_extra = tl.minimum(tl.maximum(tl.load(x_topk_length_ptr + b * x_stride_tl_b), 0), x_topk)
+        n_all = n_main + n_extra
     lo = 0
-    hi = n_main
+    hi = n_all
     if SPLIT:
-        # this program's share of the joined lists: positions [split * split_len, + split_len)
-        # of [main entries 0..topk | extra entries 0..x_topk]
+        # this program's share of the joined list: entries [split * split_len, + split_len)
         lo = split * split_len
-        hi = tl.minimum(lo + split_len, n_main)
+        hi = tl.minimum(lo + split_len, n_all)
 
     q_rows = q_ptr + b * stride_q_b + sq * stride_q_s + head * stride_q_h  # [BLOCK_H] row starts
-    q_main = 0.0
-    q_tail = 0.0
     if SCORE_CHUNK == 0:
         cm = tl.arange(0, BLOCK_MAIN)
         q_main = tl.load(q_rows[:, None] + cm[None, :], mask=_rows_cols_mask(row_ok, cm, D_QK, BLOCK_MAIN), other=0.0)
-        q_tail = q_main
         if BLOCK_TAIL > 0:
             ct = BLOCK_MAIN + tl.arange(0, BLOCK_TAIL)
             q_tail = tl.load(q_rows[:, None] + ct[None, :],
                              mask=_rows_cols_mask(row_ok, ct, D_QK, BLOCK_MAIN + BLOCK_TAIL), other=0.0)
     dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    idx_row = idx_ptr + b * stride_i_b + sq * stride_i_s + kv_head.to(tl.int64) * stride_i_h
+    kv_rows0 = kv_ptr + kv_head.to(tl.int64) * stride_kv_h
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    m_i, l_i, acc = _attend_list(
-        q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
-        kv_ptr + kv_head.to(tl.int64) * stride_kv_h, page_size, stride_kv_page, stride_kv_slot, num_rows,
-        idx_ptr + b * stride_i_b + sq * stride_i_s + kv_head.to(tl.int64) * stride_i_h, stride_i_k, lo, hi, qk_scale,
-        D_QK, D_V, BLOCK_N, BLOCK_MAIN, BLOCK_TAIL, SCORE_CHUNK, BLOCK_DV, NUM_DV, V_FROM_K, LAYOUT, PAGED, DTYPE,
-        DOT_PRECISION)
-    if HAS_EXTRA:
-        n_extra = x_topk
-        if HAS_EXTRA_TOPK_LENGTH:
-            n_extra = tl.minimum(tl.maximum(tl.load(x_topk_length_ptr + b * x_stride_tl_b), 0), x_topk)
-        x_lo = 0
-        x_hi = n_extra
-        if SPLIT:
-            x_lo = tl.maximum(split * split_len - topk, 0)
-            x_hi = tl.minimum(split * split_len + split_len - topk, n_extra)
-        m_i, l_i, acc = _attend_list(
-            q_main, q_tail, q_rows, row_ok, m_i, l_i, acc, dv,
-            x_kv_ptr, x_page_size, x_stride_kv_page, x_stride_kv_slot, x_num_rows,
-            x_idx_ptr + b * x_stride_i_b + sq * x_stride_i_s, x_stride_i_k, x_lo, x_hi, qk_scale,
-            D_QK, D_V, BLOCK_N, BLOCK_MAIN, BLOCK_TAIL, SCORE_CHUNK, BLOCK_DV, NUM_DV, V_FROM_K, LAYOUT, PAGED,
-            DTYPE, DOT_PRECISION)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        listed = offs < hi
+        if HAS_EXTRA:
+            in_x = offs >= n_main
+            idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed & (offs < n_main), other=-1)
+            valid, rows, scale_rows = _cache_rows(kv_rows0, idx, listed & (offs < n_main), page_size,
+                                                  stride_kv_page, stride_kv_slot, num_rows, LAYOUT, PAGED)
+            x_offs = (offs - n_main).to(tl.int64)
+            x_idx = tl.load(x_idx_ptr + b * x_stride_i_b + sq * x_stride_i_s + x_offs * x_stride_i_k,
+                            mask=listed & in_x, other=-1)
+            x_valid, x_rows, x_scale_rows = _cache_rows(x_kv_ptr, x_idx, listed & in_x, x_page_size,
+                                                        x_stride_kv_page, x_stride_kv_slot, x_num_rows, LAYOUT, PAGED)
+            valid = tl.where(in_x, x_valid, valid)
+            rows = tl.where(in_x, x_rows, rows)
+            scale_rows = tl.where(in_x, x_scale_rows, scale_rows)
+        else:
+            idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
+            valid, rows, scale_rows = _cache_rows(kv_rows0, idx, listed, page_size, stride_kv_page, stride_kv_slot,
+                                                  num_rows, LAYOUT, PAGED)
+        if SCORE_CHUNK == 0:
+            k_main = _k_cols(rows, scale_rows, valid, cm, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
+            s = _score_dot(q_main, k_main, DOT_PRECISION)
+            if BLOCK_TAIL > 0:
+                k_tail = _k_cols(rows, scale_rows, valid, ct, BLOCK_MAIN + BLOCK_TAIL, D_QK, LAYOUT, DTYPE)
+                s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
+        else:
+            for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
+                cc = c * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
+                q_c = tl.load(q_rows[:, None] + cc[None, :],
+                              mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
+                k_c = _k_cols(rows, scale_rows, valid, cc, (c + 1) * SCORE_CHUNK, D_QK, LAYOUT, DTYPE)
+                part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
+                s = part if c == 0 else s + part
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+        if V_FROM_K:
+            v = k_main
+        else:
+            v = _k_cols(rows, scale_rows, valid, dv, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
+        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     if D_V % BLOCK_DV == 0:
         o_mask = row_ok[:, None]
@@ -424,6 +415,10 @@ def _register_compile_variants():
     register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,sink,BH16xDV64,chunks64", v4, **opts)
     register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,split,BH16xDV64,chunks64",
                          {**v4, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
+    # DeepSeek-V3.2's fp8 records (656 bytes: fp32 tile scales inline)
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v32,D576,paged,sink,BH16xDV64,chunks64",
+                         {**decode, "kv_ptr": "*u8", "x_kv_ptr": "*u8", "LAYOUT": LAYOUT_FP8_V32, "HAS_EXTRA": False,
+                          "HAS_EXTRA_TOPK_LENGTH": False}, **opts)
 
 
 _register_compile_variants()
