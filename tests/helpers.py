@@ -106,3 +106,15 @@ class GridRecorder:
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
+
+
+def replay_without_host_sync(api, graph) -> None:
+    """Replay a captured device graph; on CUDA any host sync inside it raises (sync debug mode)."""
+    if api is torch.cuda:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        graph.replay()
+    finally:
+        if api is torch.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    api.synchronize()

@@ -13,9 +13,9 @@ def test_self_check_passes_and_lists_every_op(capsys, monkeypatch):
     assert exit_info.value.code == 0, out
     for op in ("flash_attn_with_kvcache", "flash_attn_varlen_func", "merge_state_v2", "normalize_page_table", "translate_loc_from_full_to_swa",
                "make_local_attention_virtual_batches", "prepare_swa_spec_page_table", "flash_mla_decode", "flash_mla_prefill", "merge_state",
-               "flash_mla_sparse_fwd"):
+               "flash_mla_sparse_fwd", "flash_mla_with_kvcache"):
         assert op in out
-    assert "11 passed, 0 failed" in out
+    assert "12 passed, 0 failed" in out
 
 
 def test_self_check_says_what_its_compute_unit_count_is(capsys, monkeypatch):

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, replay_without_host_sync
 from triton_xpu_attn import flash_mla_sparse_fwd
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -602,12 +602,5 @@ def test_mla_sparse_graph_replay_without_host_sync():
         outputs = run()
     for new, old in zip(values(), (q, idx, tl_)):
         old.copy_(new)
-    if api is torch.cuda:
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        graph.replay()
-    finally:
-        if api is torch.cuda:
-            torch.cuda.set_sync_debug_mode("default")
-    api.synchronize()
+    replay_without_host_sync(api, graph)
     assert _equal(outputs, run())

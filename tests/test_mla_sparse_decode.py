@@ -20,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, assert_close
+from helpers import DEVICE, assert_close, replay_without_host_sync
 from triton_xpu_attn import flash_mla_with_kvcache, get_mla_metadata
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -617,23 +617,10 @@ def test_sparse_decode_graph_replay_without_host_sync(monkeypatch):
                                       dev["extra_k_cache"], dev["extra_indices_in_kvcache"], dev["topk_length"],
                                       dev["extra_topk_length"])
 
-    stream = api.Stream()
-    stream.wait_stream(api.current_stream())
-    with api.stream(stream):
-        run()
-    api.current_stream().wait_stream(stream)
-    api.synchronize()
-    graph = api.CUDAGraph() if api is torch.cuda else api.XPUGraph()
-    with api.graph(graph):
-        outputs = run()
+    from test_hardening import _capture
+
+    graph, outputs = _capture(api, run)
     dev["q"].copy_(torch.randn(dev["q"].shape, device=DEVICE).to(dev["q"].dtype))
     dev["topk_length"].copy_(dev["topk_length"] // 2)  # fewer entries: never a poisoned token
-    if api is torch.cuda:
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        graph.replay()
-    finally:
-        if api is torch.cuda:
-            torch.cuda.set_sync_debug_mode("default")
-    api.synchronize()
+    replay_without_host_sync(api, graph)
     assert all(torch.equal(a, b) for a, b in zip(outputs, run()))

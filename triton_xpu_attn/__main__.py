@@ -185,6 +185,20 @@ def check_mla_sparse(dev, dtype, gen):
     return _max_rel(out, expected), ms
 
 
+def check_mla_sparse_decode(dev, dtype, gen):
+    batch, q_len, heads, pages, page, topk, d_qk = 2, 2, 16, 6, 4, 20, 576
+    q = torch.randn(batch, q_len, heads, d_qk, generator=gen).to(dtype)
+    cache = torch.randn(pages, page, 1, d_qk, generator=gen).to(dtype)
+    extra = torch.randn(3, 2, 1, d_qk, generator=gen).to(dtype)
+    indices = torch.randint(-1, pages * page, (batch, q_len, topk), generator=gen, dtype=torch.int32)  # -1: padding
+    extra_indices = torch.randint(-1, 6, (batch, q_len, 5), generator=gen, dtype=torch.int32)
+    (out, _), ms = _timed(lambda: tx.flash_mla_with_kvcache(
+        q.to(dev), cache.to(dev), indices=indices.to(dev), extra_k_cache=extra.to(dev),
+        extra_indices_in_kvcache=extra_indices.to(dev)))
+    expected, _ = ref.mla_sparse_decode(q, cache, indices, extra_k_cache=extra, extra_indices=extra_indices)
+    return _max_rel(out, expected), ms
+
+
 CHECKS = [
     ("flash_attn_with_kvcache", "paged_attention", check_paged_attention, True),
     ("flash_attn_varlen_func", "paged_attention", check_varlen_attention, True),
@@ -197,6 +211,7 @@ CHECKS = [
     ("flash_mla_decode", "mla_decode", check_mla_decode, True),
     ("flash_mla_prefill", "mla_prefill", check_mla_prefill, True),
     ("flash_mla_sparse_fwd", "mla_sparse", check_mla_sparse, True),
+    ("flash_mla_with_kvcache", "mla_sparse_decode", check_mla_sparse_decode, True),
 ]
 
 

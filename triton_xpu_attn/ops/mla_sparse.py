@@ -1,4 +1,4 @@
-"""DeepSeek sparse attention (DSA) prefill: ``flash_mla_sparse_fwd``, a drop-in for sgl-kernel-xpu's
+"""DeepSeek sparse attention (DSA): the sparse kernel family and its prefill, ``flash_mla_sparse_fwd``, a drop-in for sgl-kernel-xpu's
 ``sgl_kernel.flash_mla_sparse_fwd`` (FlashMLA's function of the same name and contract).
 
 Each query token ``t`` attends, per KV head, to the ``topk`` rows of ``kv`` that
@@ -16,6 +16,14 @@ one KV head) and walks the token's index list ``BLOCK_N`` entries at a time:
 * online softmax in base 2 (``sm_scale * log2(e)`` folded into the scores); ``max_logits`` and
   ``lse`` come back in natural-log units of the scaled logits, as upstream's reference defines
   them; ``attn_sink`` joins the softmax denominator only.
+
+The same kernel serves the sparse decode of ``mla_sparse_decode.py`` (``flash_mla_with_kvcache``)
+through constexpr modes: ``PAGED`` (an entry is token ``page * page_size + slot`` of a paged cache),
+``LAYOUT`` (rows of q's dtype, or DeepSeek-V4 / V3.2 packed fp8 rows read as bytes and dequantised
+to q's dtype in ``_k_cols`` before each dot), ``HAS_EXTRA`` (a second index list into a second
+cache, walked after the first as one list: ``_cache_rows`` picks each entry's cache) and ``SPLIT``
+(a program takes ``split_len`` entries of that list and writes its normalised partial output and
+LSE for a combine). Tokens are ``(b, s)`` pairs (``tokens_per_batch`` = ``s``'s range; prefill: 1).
 
 Tiles: ``BLOCK_H`` heads x ``BLOCK_N`` entries; the score dot over ``d_qk`` either in two pieces
 held for the whole loop (the power-of-two part of ``d_qk`` and the rest: 512 + 64, ``SCORE_CHUNK =
@@ -157,13 +165,16 @@ def _cache_rows(cache_ptr, idx, ok, page_size, stride_page, stride_slot, num_row
     starts for ``_k_cols`` (64-bit: rows x row stride may pass 2^31; an entry that does not count
     points at row 0 and is never loaded)."""
     valid = ok & (idx >= 0) & (idx < num_rows)
-    safe = tl.where(valid, idx, 0).to(tl.int64)
+    # 32-bit: num_rows < 2^31 (the launchers check), and a 64-bit division is a called subroutine on
+    # NVIDIA GPUs whose calls spill every live register
+    safe = tl.where(valid, idx, 0).to(tl.int32)
     if PAGED:
         page = safe // page_size
         slot = safe - page * page_size
     else:
         page = safe
         slot = safe * 0
+    page = page.to(tl.int64)
     if LAYOUT == 1:
         # DeepSeek-V4 page: page_size 576-byte records, then page_size 8-byte scale records
         page_start = cache_ptr + page * stride_page
@@ -250,11 +261,12 @@ def _mla_sparse_kernel(
     # the K tile of the held-q path is V too when one program owns all output channels in it
     V_FROM_K: tl.constexpr = (SCORE_CHUNK == 0 and NUM_DV == 1) and BLOCK_DV == BLOCK_MAIN
     DTYPE: tl.constexpr = q_ptr.dtype.element_ty
-    t = tl.program_id(0).to(tl.int64)  # token (axis 0: up to 2^31 - 1 tokens)
+    t = tl.program_id(0)  # token (axis 0: up to 2^31 - 1 tokens)
     pid = tl.program_id(1)
     split = tl.program_id(2)
-    b = t // tokens_per_batch
-    sq = t - b * tokens_per_batch
+    b32 = t // tokens_per_batch  # 32-bit division (see _cache_rows), then 64-bit offsets
+    sq = (t - b32 * tokens_per_batch).to(tl.int64)
+    b = b32.to(tl.int64)
     dv_tile = pid % NUM_DV
     head_block = pid // NUM_DV
     blocks_per_group = tl.cdiv(group, BLOCK_H)
@@ -611,6 +623,8 @@ def flash_mla_sparse_fwd(
         raise ValueError(f"kv rows hold {kv.shape[2]} channels but q's head dim d_qk is {d_qk}")
     if h_kv < 1:
         raise ValueError(f"kv must have at least one KV head, got shape {list(kv.shape)}")
+    if s_kv >= 2**31:
+        raise ValueError(f"kv has {s_kv} rows: at most 2^31 - 1 (32-bit row indices)")
     if h_q % h_kv:
         raise ValueError(f"q's heads ({h_q}) must be a multiple of kv's heads ({h_kv})")
     check_tensor("indices", indices, dtypes=INDEX_DTYPES, ndim=3)

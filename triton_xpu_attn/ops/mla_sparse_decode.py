@@ -99,11 +99,13 @@ def _sparse_combine_kernel(
 ):
     """One (token, head) and ``BLOCK_DV`` output channels per program: the splits merged, the
     sink applied to the output only; a token without any entry gives 0 and LSE ``+inf``."""
-    t = tl.program_id(0).to(tl.int64)
+    t32 = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     dv_block = tl.program_id(2)
-    b = t // tokens_per_batch
-    sq = t - b * tokens_per_batch
+    b32 = t32 // tokens_per_batch  # 32-bit division, then 64-bit offsets
+    sq = (t32 - b32 * tokens_per_batch).to(tl.int64)
+    b = b32.to(tl.int64)
+    t = t32.to(tl.int64)
     splits = tl.arange(0, MAX_SPLITS)
     lse = tl.load(plse_ptr + t * stride_pl_t + h * stride_pl_h + splits, mask=splits < num_splits,
                   other=float("-inf"))
@@ -198,6 +200,8 @@ def _cache_layout(name: str, cache: torch.Tensor, q: torch.Tensor, is_fp8: bool)
         raise ValueError(f"{name} must have one KV head ([num_pages, page_size, 1, d]), got shape {list(cache.shape)}")
     if page_size < 1:
         raise ValueError(f"{name} must have pages of at least one token, got shape {list(cache.shape)}")
+    if num_pages * page_size >= 2**31:
+        raise ValueError(f"{name} holds {num_pages * page_size} tokens: at most 2^31 - 1 (32-bit token indices)")
     if not is_fp8:
         if width != d_qk:
             raise ValueError(f"{name} rows hold {width} channels but q's head dim d_qk is {d_qk}")
