@@ -127,43 +127,62 @@ def _ue8m0_to_f32(s):
 
 
 @triton.jit
-def _k_cols(rows, scale_rows, valid, cols, COL_END: tl.constexpr, D_QK: tl.constexpr, LAYOUT: tl.constexpr,
-            DTYPE: tl.constexpr):
-    """Channels ``cols`` (all below ``COL_END``) of the selected rows as ``[BLOCK_N, len(cols)]``
-    ``DTYPE``: ``rows`` / ``scale_rows`` are the rows' starts (elements of the cache's dtype for
-    ``LAYOUT_PLAIN``, bytes otherwise), ``valid`` the rows to read (others and channels past
-    ``d_qk`` give 0). fp8 channels are dequantised (tile scale applied) before the cast."""
+def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, D_QK: tl.constexpr,
+            LAYOUT: tl.constexpr, DTYPE: tl.constexpr):
+    """Channels ``[c0, c0 + W)`` of the selected rows as ``[BLOCK_N, W]`` ``DTYPE`` (``c0`` a
+    multiple of ``W``, known to lie in ``[LO, HI - W]``): ``rows`` / ``scale_rows`` are the rows'
+    starts (elements of the cache's dtype for ``LAYOUT_PLAIN``, bytes otherwise), ``valid`` the rows
+    to read (others, and channels past ``d_qk``, give 0). fp8 channels are dequantised (tile scale
+    applied: one per row for a slice within a tile, else one per tile of the slice) before the cast."""
+    cols = c0 + tl.arange(0, W)
     if LAYOUT == 0:
-        k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, COL_END), other=0.0)
+        k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI), other=0.0)
         return k.to(DTYPE)
     else:
         NOPE: tl.constexpr = 448 if LAYOUT == 1 else 512
+        TILE: tl.constexpr = 64 if LAYOUT == 1 else 128
         ROPE_AT: tl.constexpr = 448 if LAYOUT == 1 else 528
-        if COL_END > NOPE:
+        BLOCK_N: tl.constexpr = rows.shape[0]
+        k = tl.zeros([BLOCK_N, W], dtype=tl.float32)
+        if LO < NOPE:
+            b = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, NOPE, HI), other=0)
+            k = _e4m3_to_f32(b.to(tl.int32))
+            if W <= TILE:
+                # one tile: one scale a row
+                in_nope = valid & ((c0 + tl.zeros([BLOCK_N], dtype=tl.int32)) < NOPE)
+                if LAYOUT == 1:
+                    scale = _ue8m0_to_f32(tl.load(scale_rows + c0 // TILE, mask=in_nope, other=127).to(tl.int32))
+                else:
+                    scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)) + c0 // TILE, mask=in_nope, other=1.0)
+                k = k * scale[:, None]
+            else:
+                G: tl.constexpr = W // TILE
+                g = c0 // TILE + tl.arange(0, G)
+                g_mask = valid[:, None] & (g < NOPE // TILE)[None, :]
+                if LAYOUT == 1:
+                    scale = _ue8m0_to_f32(tl.load(scale_rows[:, None] + g[None, :], mask=g_mask, other=127).to(tl.int32))
+                else:
+                    scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=g_mask,
+                                    other=1.0)
+                k = tl.reshape(tl.reshape(k, [BLOCK_N, G, TILE]) * scale[:, :, None], [BLOCK_N, W])
+        if HI > NOPE:
             rope_ptr = (rows + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
             rope = tl.load(rope_ptr[:, None] + tl.where(cols >= NOPE, cols - NOPE, 0)[None, :],
                            mask=valid[:, None] & ((cols >= NOPE) & (cols < D_QK))[None, :], other=0.0).to(tl.float32)
-        nope_mask = _rows_cols_mask(valid, cols, NOPE, COL_END)
-        b = tl.load(rows[:, None] + cols[None, :], mask=nope_mask, other=0).to(tl.int32)
-        if LAYOUT == 1:
-            s = tl.load(scale_rows[:, None] + (cols // 64)[None, :], mask=nope_mask, other=127).to(tl.int32)
-            scale = _ue8m0_to_f32(s)
-        else:
-            scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + (cols // 128)[None, :],
-                            mask=nope_mask, other=1.0)
-        k = _e4m3_to_f32(b) * scale
-        if COL_END > NOPE:
-            k = tl.where((cols < NOPE)[None, :], k, rope)
+            if LO < NOPE:
+                k = tl.where((cols < NOPE)[None, :], k, rope)
+            else:
+                k = rope
         return k.to(DTYPE)
 
 
 @triton.jit
-def _cache_rows(cache_ptr, idx, ok, page_size, stride_page, stride_slot, num_rows, LAYOUT: tl.constexpr,
+def _cache_rows(base, idx, ok, page_size, stride_page, stride_slot, num_rows, LAYOUT: tl.constexpr,
                 PAGED: tl.constexpr):
-    """``(valid, rows, scale_rows)`` of the entries ``idx`` (listed where ``ok``) of one cache: an
-    entry counts when its index lies in ``[0, num_rows)``; ``rows`` / ``scale_rows`` are the row
-    starts for ``_k_cols`` (64-bit: rows x row stride may pass 2^31; an entry that does not count
-    points at row 0 and is never loaded)."""
+    """``(valid, rows, scale_rows)`` of the entries ``idx`` (listed where ``ok``) of one cache
+    starting ``base`` elements (bytes) from the kernel's cache pointer: an entry counts when its
+    index lies in ``[0, num_rows)``; ``rows`` / ``scale_rows`` are 64-bit offsets of the row starts
+    for ``_k_cols`` (an entry that does not count points at row 0 and is never loaded)."""
     valid = ok & (idx >= 0) & (idx < num_rows)
     # 32-bit: num_rows < 2^31 (the launchers check), and a 64-bit division is a called subroutine on
     # NVIDIA GPUs whose calls spill every live register
@@ -177,11 +196,11 @@ def _cache_rows(cache_ptr, idx, ok, page_size, stride_page, stride_slot, num_row
     page = page.to(tl.int64)
     if LAYOUT == 1:
         # DeepSeek-V4 page: page_size 576-byte records, then page_size 8-byte scale records
-        page_start = cache_ptr + page * stride_page
+        page_start = base + page * stride_page
         rows = page_start + slot * 576
         scale_rows = page_start + page_size * 576 + slot * 8
     else:
-        rows = cache_ptr + page * stride_page + slot * stride_slot
+        rows = base + page * stride_page + slot * stride_slot
         scale_rows = rows + 512  # DeepSeek-V3.2 record: the fp32 scales follow the 512 nope bytes
     return valid, rows, scale_rows
 
@@ -206,7 +225,7 @@ def _mla_sparse_kernel(
     topk_length_ptr,  # read when HAS_TOPK_LENGTH: entries of token (b, s) that count
     stride_tl_b,
     stride_tl_s,
-    x_kv_ptr,  # the extra cache (HAS_EXTRA): same layout, its own pages
+    x_kv_offset,  # the extra cache (HAS_EXTRA): its start, in elements (bytes) from kv_ptr; same layout
     x_stride_kv_page,
     x_stride_kv_slot,
     x_page_size,
@@ -303,7 +322,7 @@ def _mla_sparse_kernel(
                              mask=_rows_cols_mask(row_ok, ct, D_QK, BLOCK_MAIN + BLOCK_TAIL), other=0.0)
     dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
     idx_row = idx_ptr + b * stride_i_b + sq * stride_i_s + kv_head.to(tl.int64) * stride_i_h
-    kv_rows0 = kv_ptr + kv_head.to(tl.int64) * stride_kv_h
+    kv_head_start = kv_head.to(tl.int64) * stride_kv_h
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -314,32 +333,37 @@ def _mla_sparse_kernel(
         if HAS_EXTRA:
             in_x = offs >= n_main
             idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed & (offs < n_main), other=-1)
-            valid, rows, scale_rows = _cache_rows(kv_rows0, idx, listed & (offs < n_main), page_size,
+            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed & (offs < n_main), page_size,
                                                   stride_kv_page, stride_kv_slot, num_rows, LAYOUT, PAGED)
             x_offs = (offs - n_main).to(tl.int64)
             x_idx = tl.load(x_idx_ptr + b * x_stride_i_b + sq * x_stride_i_s + x_offs * x_stride_i_k,
                             mask=listed & in_x, other=-1)
-            x_valid, x_rows, x_scale_rows = _cache_rows(x_kv_ptr, x_idx, listed & in_x, x_page_size,
+            x_valid, x_rows, x_scale_rows = _cache_rows(x_kv_offset, x_idx, listed & in_x, x_page_size,
                                                         x_stride_kv_page, x_stride_kv_slot, x_num_rows, LAYOUT, PAGED)
+            # one base pointer, 64-bit offsets: the two caches' rows need no per-entry pointer select
             valid = tl.where(in_x, x_valid, valid)
-            rows = tl.where(in_x, x_rows, rows)
-            scale_rows = tl.where(in_x, x_scale_rows, scale_rows)
+            rows = kv_ptr + tl.where(in_x, x_rows, rows)
+            scale_rows = kv_ptr + tl.where(in_x, x_scale_rows, scale_rows)
         else:
             idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
-            valid, rows, scale_rows = _cache_rows(kv_rows0, idx, listed, page_size, stride_kv_page, stride_kv_slot,
-                                                  num_rows, LAYOUT, PAGED)
+            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed, page_size, stride_kv_page,
+                                                  stride_kv_slot, num_rows, LAYOUT, PAGED)
+            rows = kv_ptr + rows
+            scale_rows = kv_ptr + scale_rows
         if SCORE_CHUNK == 0:
-            k_main = _k_cols(rows, scale_rows, valid, cm, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
+            k_main = _k_cols(rows, scale_rows, valid, 0, BLOCK_MAIN, 0, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
             s = _score_dot(q_main, k_main, DOT_PRECISION)
             if BLOCK_TAIL > 0:
-                k_tail = _k_cols(rows, scale_rows, valid, ct, BLOCK_MAIN + BLOCK_TAIL, D_QK, LAYOUT, DTYPE)
+                k_tail = _k_cols(rows, scale_rows, valid, BLOCK_MAIN, BLOCK_TAIL, BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL, D_QK,
+                                 LAYOUT, DTYPE)
                 s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
         else:
             for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
                 cc = c * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
                 q_c = tl.load(q_rows[:, None] + cc[None, :],
                               mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
-                k_c = _k_cols(rows, scale_rows, valid, cc, (c + 1) * SCORE_CHUNK, D_QK, LAYOUT, DTYPE)
+                k_c = _k_cols(rows, scale_rows, valid, c * SCORE_CHUNK, SCORE_CHUNK, c * SCORE_CHUNK, (c + 1) * SCORE_CHUNK,
+                              D_QK, LAYOUT, DTYPE)
                 part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
                 s = part if c == 0 else s + part
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -347,7 +371,7 @@ def _mla_sparse_kernel(
         if V_FROM_K:
             v = k_main
         else:
-            v = _k_cols(rows, scale_rows, valid, dv, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
+            v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
         acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     if D_V % BLOCK_DV == 0:
@@ -396,7 +420,7 @@ def _register_compile_variants():
         num_rows="i32",
         idx_ptr="*i32", stride_i_b="i64", stride_i_s="i32", stride_i_h="i32", stride_i_k="i32",
         topk_length_ptr="*i32", stride_tl_b="i32", stride_tl_s="i32",
-        x_kv_ptr="*bf16", x_stride_kv_page="i64", x_stride_kv_slot="i32", x_page_size="i32", x_num_rows="i32",
+        x_kv_offset="i64", x_stride_kv_page="i64", x_stride_kv_slot="i32", x_page_size="i32", x_num_rows="i32",
         x_idx_ptr="*i32", x_stride_i_b="i64", x_stride_i_s="i32", x_stride_i_k="i32",
         x_topk_length_ptr="*i32", x_stride_tl_b="i32",
         sink_ptr="*fp32", stride_sink="i32",
@@ -415,7 +439,7 @@ def _register_compile_variants():
                          {**deepseek, **_XPU_TILES_CONSTEXPRS}, **opts)
     register_xpu_compile(_mla_sparse_kernel, "fp16,D512,DV512,BH16xDV64,chunks64",
                          {**deepseek, **_XPU_TILES_CONSTEXPRS, "q_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16",
-                          "x_kv_ptr": "*fp16", "D_QK": 512, "BLOCK_TAIL": 0, "HAS_TOPK_LENGTH": False,
+                          "D_QK": 512, "BLOCK_TAIL": 0, "HAS_TOPK_LENGTH": False,
                           "HAS_SINK": False}, **opts)
     # sparse decode (flash_mla_with_kvcache): paged caches, the extra cache, split partials
     decode = {**deepseek, **_XPU_TILES_CONSTEXPRS, "PAGED": True, "HAS_EXTRA": True, "HAS_EXTRA_TOPK_LENGTH": True,
@@ -423,29 +447,34 @@ def _register_compile_variants():
     register_xpu_compile(_mla_sparse_kernel, "decode,bf16,D576,paged,extra,split,BH16xDV64,chunks64",
                          {**decode, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
     # DeepSeek-V4's packed fp8 pages (bytes), dequantised to bf16 before each dot
-    v4 = {**decode, "kv_ptr": "*u8", "x_kv_ptr": "*u8", "D_QK": 512, "BLOCK_TAIL": 0, "LAYOUT": LAYOUT_FP8_V4}
-    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,sink,BH16xDV64,chunks64", v4, **opts)
-    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,split,BH16xDV64,chunks64",
-                         {**v4, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
+    v4 = {**decode, "kv_ptr": "*u8", "D_QK": 512, "BLOCK_TAIL": 0, "LAYOUT": LAYOUT_FP8_V4}
+    fp8_opts = {**opts, "num_warps": 16}
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,sink,BH16xDV64,chunks64,16warps", v4,
+                         **fp8_opts)
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v4,D512,paged,extra,split,BH16xDV64,chunks64,16warps",
+                         {**v4, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **fp8_opts)
     # DeepSeek-V3.2's fp8 records (656 bytes: fp32 tile scales inline)
-    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v32,D576,paged,sink,BH16xDV64,chunks64",
-                         {**decode, "kv_ptr": "*u8", "x_kv_ptr": "*u8", "LAYOUT": LAYOUT_FP8_V32, "HAS_EXTRA": False,
-                          "HAS_EXTRA_TOPK_LENGTH": False}, **opts)
+    register_xpu_compile(_mla_sparse_kernel, "decode,fp8-v32,D576,paged,sink,BH16xDV64,chunks64,16warps",
+                         {**decode, "kv_ptr": "*u8", "LAYOUT": LAYOUT_FP8_V32, "HAS_EXTRA": False,
+                          "HAS_EXTRA_TOPK_LENGTH": False}, **fp8_opts)
 
 
 _register_compile_variants()
 
 
-def _heuristic_config(group: int, dtype: torch.dtype) -> dict:
-    """Built-in tiles (no tuned file covers ``mla_sparse`` yet). ``SCORE_CHUNK`` 0 = the score dot
-    in two held pieces, ``BLOCK_DV`` 0 = all output channels in one program."""
+def _heuristic_config(group: int, dtype: torch.dtype, cache: str | None = None) -> dict:
+    """Built-in tiles (no tuned file covers ``mla_sparse`` / ``mla_sparse_decode`` yet).
+    ``SCORE_CHUNK`` 0 = the score dot in two held pieces, ``BLOCK_DV`` 0 = all output channels in one
+    program. ``cache``: the decode's cache layout (None: prefill)."""
     backend = _device.backend()
     if backend == "interpreter":
         return dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1)
     if backend == "xpu":
         # MLA's Intel tiles (mla.xpu_tiles, chosen on native code): 16 entries, 64 output channels
-        # a program, the score dot in 64-channel chunks beside them
-        return dict(_XPU_TILES_CONSTEXPRS, num_warps=8, num_stages=1, grf_mode="256")
+        # a program, the score dot in 64-channel chunks beside them; fp8 pages dequantised in
+        # registers on 16 warps (8 spill 0.4-1.9 KB with the extra cache; ocloc, pvc and bmg)
+        fp8 = cache is not None and cache != "plain"
+        return dict(_XPU_TILES_CONSTEXPRS, num_warps=16 if fp8 else 8, num_stages=1, grf_mode="256")
     # NVIDIA: not yet timed (tuning is pending GPU time); the largest tiles that compile without
     # spilling for sm_90 at d_qk 576 / d_v 512 (ptxas through Triton 3.9, no GPU run): 16 or 32 heads
     # x 32 entries on 8 warps, 198 / 254 registers. 64-head tiles spill 0.7-1.4 KB a thread there
@@ -453,6 +482,12 @@ def _heuristic_config(group: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_H=16 if group <= 16 else 32, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0,
                     num_warps=4 if group <= 16 else 8, num_stages=1)
+    if cache is not None:
+        # the decode (paged rows, the extra list, split partials): 16-entry tiles, 0 B spilled at
+        # sm_90 (16 / 32 heads over bf16 rows: 188 / 255 registers; fp8 pages, dequantised in
+        # registers: 16 heads, 250; their 32-head or 32-entry tiles spill 0.3-1.1 KB)
+        block_h = 16 if group <= 16 or cache != "plain" else 32
+        return dict(BLOCK_H=block_h, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=2)
     return dict(BLOCK_H=16 if group <= 16 else 32, BLOCK_N=32, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=2)
 
 
@@ -478,7 +513,7 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     fields = {"h": tune.pow2_bucket(group, 16, 128), "d": d_qk, "dtype": str(dtype).replace("torch.", "")}
     if cache is not None:
         fields["cache"] = cache
-    config = tune.lookup(op, fields, _heuristic_config(group, dtype), device=device)
+    config = tune.lookup(op, fields, _heuristic_config(group, dtype, cache), device=device)
     block_h = _pow2_at_least_16(config["BLOCK_H"], "BLOCK_H")
     block_n = _pow2_at_least_16(config["BLOCK_N"], "BLOCK_N")
     score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
@@ -503,6 +538,15 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
                 programs_per_token=programs_per_token)
 
 
+def _offset_from(base: torch.Tensor, other: torch.Tensor) -> int:
+    """Where ``other``'s data starts, in elements of ``base`` from ``base``'s (the kernel addresses
+    both caches from one pointer); a host-side value (no sync)."""
+    delta = other.data_ptr() - base.data_ptr()
+    if delta % base.element_size():
+        raise ValueError("extra_k_cache must be aligned to its element size like k_cache")
+    return delta // base.element_size()
+
+
 def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, page_size: int, num_rows: int,
                   indices, idx_strides, topk_length, tl_strides, attn_sink, out, o_strides, lse, l_strides,
                   sm_scale: float, tokens_per_batch: int, topk: int, layout: int, paged: bool,
@@ -522,7 +566,8 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             kv, *kv_strides, page_size, num_rows,
             indices, *idx_strides,
             topk_length if topk_length is not None else indices, *tl_strides,
-            x.get("kv", kv), *x.get("kv_strides", (0, 0)), x.get("page_size", 1), x.get("num_rows", 0),
+            _offset_from(kv, x["kv"]) if extra else 0, *x.get("kv_strides", (0, 0)), x.get("page_size", 1),
+            x.get("num_rows", 0),
             x.get("indices", indices), *x.get("idx_strides", (0, 0, 0)),
             x_lengths if x_lengths is not None else indices, x.get("tl_stride", 0),
             attn_sink if attn_sink is not None else lse, attn_sink.stride(0) if attn_sink is not None else 0,
