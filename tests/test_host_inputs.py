@@ -221,6 +221,8 @@ CPU_CALLS = {
     "flash_mla_prefill": ("q_nope", lambda: tx.flash_mla_prefill(
         torch.zeros(5, 3, 32), torch.zeros(5, 3, 16), torch.zeros(4, 4, 48), _i32([0, 2, 5]), _i32([3, 5]), 3,
         _i32([[0, 1], [2, 3]]), None, 0.1)),
+    "flash_mla_with_kvcache": ("q", lambda: tx.flash_mla_with_kvcache(
+        torch.zeros(2, 1, 4, 64), torch.zeros(3, 4, 1, 64), head_dim_v=32, indices=torch.zeros(2, 1, 3, dtype=torch.int32))),
     "flash_mla_sparse_fwd": ("q", lambda: tx.flash_mla_sparse_fwd(
         torch.zeros(2, 4, 64), torch.zeros(5, 1, 64), torch.zeros(2, 1, 3, dtype=torch.int32), 0.1, 64)),
     "fp8_mqa_logits": ("q_fp8", lambda: tx.fp8_mqa_logits(
@@ -257,7 +259,7 @@ def test_cpu_inputs_under_a_gpu_backend_raise(gpu_backend, op):
 
 def test_every_public_tensor_op_is_covered():
     host_helpers = {"flash_mla_get_workspace_size", "flash_mla_decode_get_workspace_size", "flash_mla_prefill_get_workspace_size",
-                    "max_local_attention_virtual_batches"}
+                    "max_local_attention_virtual_batches", "get_mla_metadata"}
     assert set(tx.__all__) - host_helpers == set(CPU_CALLS) | {"make_local_attention_virtual_batches"}
 
 
