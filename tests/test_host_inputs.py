@@ -244,6 +244,16 @@ CPU_CALLS = {
         _mapping(), torch.tensor([1, 2, -1]))),
     "prepare_swa_spec_page_table": ("page_table_dst", lambda: tx.prepare_swa_spec_page_table(
         torch.zeros(2, 5, dtype=torch.int32), _i32([[4, 5, 6]]), _i32([[7], [8]]), _i32([3]), _i32([1, 1]), 2)),
+    "fast_topk_v2": ("score", lambda: tx.fast_topk_v2(torch.zeros(2, 8), _i32([8, 3]), 4)),
+    "fast_topk_transform_fused": ("score", lambda: tx.fast_topk_transform_fused(
+        torch.zeros(2, 8), _i32([8, 3]), torch.zeros(2, 8, dtype=torch.int32), _i32([0, 1, 2]), 4)),
+    "fast_topk_transform_ragged_fused": ("score", lambda: tx.fast_topk_transform_ragged_fused(
+        torch.zeros(2, 8), _i32([8, 3]), _i32([0, 8]), 4)),
+    "topk_transform_512": ("scores", lambda: tx.topk_transform_512(
+        torch.zeros(2, 8), _i32([8, 3]), torch.zeros(2, 8, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), 1)),
+    "topk_transform_512_v2": ("scores", lambda: tx.topk_transform_512_v2(
+        torch.zeros(2, 8), _i32([8, 3]), torch.zeros(2, 8, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), 1,
+        torch.zeros(3, 2, dtype=torch.int32))),
 }
 
 

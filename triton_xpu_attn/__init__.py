@@ -15,12 +15,22 @@ from .ops.mla_sparse_decode import flash_mla_with_kvcache, get_mla_metadata
 from .ops.paged_attention import flash_attn_with_kvcache
 from .ops.page_table import normalize_page_table, translate_loc_from_full_to_swa
 from .ops.swa_spec import prepare_swa_spec_page_table
+from .ops.topk import (
+    fast_topk_transform_fused,
+    fast_topk_transform_ragged_fused,
+    fast_topk_v2,
+    topk_transform_512,
+    topk_transform_512_v2,
+)
 from .ops.varlen_attention import flash_attn_varlen_func
 from . import custom_ops  # noqa: E402,F401  (registers torch.library ops: torch.ops.triton_xpu_attn.*; a few ms at import)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "fast_topk_transform_fused",
+    "fast_topk_transform_ragged_fused",
+    "fast_topk_v2",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_mla_decode",
@@ -41,5 +51,7 @@ __all__ = [
     "merge_state_v2",
     "normalize_page_table",
     "prepare_swa_spec_page_table",
+    "topk_transform_512",
+    "topk_transform_512_v2",
     "translate_loc_from_full_to_swa",
 ]

@@ -51,6 +51,11 @@ custom op                              wraps / differences from the public funct
 ``make_local_attention_virtual_batches_out``  writes the four graph-mode outputs in place
 ``prepare_swa_spec_page_table``        mutates ``page_table_dst``; returns nothing; no ``validate``
                                        (it synchronises with the host)
+``fast_topk_v2``                       unchanged (``topk`` an int)
+``fast_topk_transform_fused``          unchanged
+``fast_topk_transform_ragged_fused``   unchanged
+``topk_transform_512`` (and ``_v2``)   mutates ``out_page_indices`` and ``out_raw_indices``;
+                                       returns nothing
 =====================================  ===========================================================
 
 ``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
@@ -79,11 +84,15 @@ from .ops import mla_sparse_decode as _mla_sparse_decode
 from .ops import page_table as _page_table
 from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
+from .ops import topk as _topk
 from .ops import varlen_attention as _varlen
 
 NAMESPACE = "triton_xpu_attn"
 
 __all__ = [
+    "fast_topk_transform_fused",
+    "fast_topk_transform_ragged_fused",
+    "fast_topk_v2",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_attn_with_kvcache_out",
@@ -104,6 +113,8 @@ __all__ = [
     "normalize_page_table",
     "normalize_page_table_out",
     "prepare_swa_spec_page_table",
+    "topk_transform_512",
+    "topk_transform_512_v2",
     "translate_loc_from_full_to_swa",
     "OPS",
 ]
@@ -654,6 +665,77 @@ def prepare_swa_spec_page_table(
 @prepare_swa_spec_page_table.register_fake
 def _(page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, num_draft_tokens, seq_start_a=None,
       full_to_swa=None):
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# DeepSeek sparse attention (DSA) indexer top-k
+# ------------------------------------------------------------------------------------------
+
+
+def _topk_fake(score, topk):
+    return score.new_empty((score.shape[0], topk), dtype=torch.int32)
+
+
+@_op("fast_topk_v2")
+def fast_topk_v2(score: Tensor, lengths: Tensor, topk: int, row_starts: Optional[Tensor] = None) -> Tensor:
+    """:func:`triton_xpu_attn.fast_topk_v2` as a custom op."""
+    return _topk.fast_topk_v2(score, lengths, topk, row_starts)
+
+
+@fast_topk_v2.register_fake
+def _(score, lengths, topk, row_starts=None):
+    return _topk_fake(score, topk)
+
+
+@_op("fast_topk_transform_fused")
+def fast_topk_transform_fused(score: Tensor, lengths: Tensor, page_table_size_1: Tensor, cu_seqlens_q: Tensor,
+                              topk: int, row_starts: Optional[Tensor] = None) -> Tensor:
+    """:func:`triton_xpu_attn.fast_topk_transform_fused` as a custom op."""
+    return _topk.fast_topk_transform_fused(score, lengths, page_table_size_1, cu_seqlens_q, topk, row_starts)
+
+
+@fast_topk_transform_fused.register_fake
+def _(score, lengths, page_table_size_1, cu_seqlens_q, topk, row_starts=None):
+    return _topk_fake(score, topk)
+
+
+@_op("fast_topk_transform_ragged_fused")
+def fast_topk_transform_ragged_fused(score: Tensor, lengths: Tensor, topk_indices_offset: Tensor, topk: int,
+                                     row_starts: Optional[Tensor] = None) -> Tensor:
+    """:func:`triton_xpu_attn.fast_topk_transform_ragged_fused` as a custom op."""
+    return _topk.fast_topk_transform_ragged_fused(score, lengths, topk_indices_offset, topk, row_starts)
+
+
+@fast_topk_transform_ragged_fused.register_fake
+def _(score, lengths, topk_indices_offset, topk, row_starts=None):
+    return _topk_fake(score, topk)
+
+
+@_op("topk_transform_512", mutates_args=("out_page_indices", "out_raw_indices"))
+def topk_transform_512(scores: Tensor, seq_lens: Tensor, page_tables: Tensor, out_page_indices: Tensor,
+                       page_size: int, out_raw_indices: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.topk_transform_512`: writes ``out_page_indices`` (and
+    ``out_raw_indices``) in place."""
+    _topk.topk_transform_512(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+
+
+@topk_transform_512.register_fake
+def _(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices=None):
+    return None
+
+
+@_op("topk_transform_512_v2", mutates_args=("out_page_indices", "out_raw_indices"))
+def topk_transform_512_v2(scores: Tensor, seq_lens: Tensor, page_tables: Tensor, out_page_indices: Tensor,
+                          page_size: int, metadata: Tensor, out_raw_indices: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.topk_transform_512_v2`: writes ``out_page_indices`` (and
+    ``out_raw_indices``) in place."""
+    _topk.topk_transform_512_v2(scores, seq_lens, page_tables, out_page_indices, page_size, metadata,
+                                out_raw_indices)
+
+
+@topk_transform_512_v2.register_fake
+def _(scores, seq_lens, page_tables, out_page_indices, page_size, metadata, out_raw_indices=None):
     return None
 
 

@@ -696,3 +696,92 @@ def mla_sparse_decode(
             out[b, s] = o
             lse[b, :, s] = row_lse
     return out, lse
+# ---- DeepSeek sparse attention (DSA) indexer top-k ----
+
+
+def _wrap_int32(values: np.ndarray) -> np.ndarray:
+    """int64 values as int32 arithmetic leaves them (two's complement wrap)."""
+    return ((values.astype(np.int64) + 2**31) % 2**32 - 2**31).astype(np.int64)
+
+
+def topk_select(score, lengths, topk: int, row_starts=None) -> torch.Tensor:
+    """``[B, topk]`` int64: the positions each row selects (the contract of the ``fast_topk`` family
+    and ``topk_transform_512``), relative to the row's start.
+
+    Row ``b``'s section is ``score[b, s : s + n]``, ``s = row_starts[b]`` (0 without) clipped to
+    ``[0, W]``, ``n = lengths[b]`` clipped to ``[0, W - s]``. ``n <= topk``: ``0 .. n-1`` then -1.
+    Else the ``topk`` positions first in the order (score descending, position ascending), with
+    ``+0 == -0`` and NaN after every number; returned in ascending order. Scores compare exactly as
+    fp32 values (float64 holds them exactly).
+    """
+    values = score.detach().to(torch.float64).cpu().numpy()
+    rows, width = values.shape
+    lens = np.asarray(lengths.detach().cpu().reshape(-1), dtype=np.int64)
+    starts = np.zeros(rows, np.int64) if row_starts is None else np.asarray(row_starts.detach().cpu(), dtype=np.int64)
+    out = np.full((rows, topk), -1, dtype=np.int64)
+    for b in range(rows):
+        s = min(max(int(starts[b]), 0), width)
+        n = min(max(int(lens[b]), 0), width - s)
+        if n <= topk:
+            out[b, :n] = np.arange(n)
+            continue
+        v = values[b, s: s + n]
+        nan = np.isnan(v)
+        # lexsort: the last key is the primary one (NaN last, then larger first, then lower position)
+        order = np.lexsort((np.arange(n), -np.where(nan, 0.0, v) + 0.0, nan))
+        out[b] = np.sort(order[:topk])
+    return torch.from_numpy(out)
+
+
+def _request_rows(cu_seqlens_q, rows: int, direct: bool) -> np.ndarray:
+    """The request each score row reads its page-table row from (``fast_topk_transform_fused``)."""
+    if direct:
+        return np.arange(rows)
+    cu = np.asarray(cu_seqlens_q.detach().cpu(), dtype=np.int64)
+    n_req = len(cu) - 1
+    below = (cu[None, 1:] <= np.arange(rows)[:, None]).sum(axis=1)
+    return np.where(below < n_req, below, 0)
+
+
+def topk_transform_page_table(score, lengths, page_table_size_1, cu_seqlens_q, topk: int,
+                              row_starts=None) -> torch.Tensor:
+    """``fast_topk_transform_fused``: each selected position ``j`` of row ``b`` (``topk_select``)
+    replaced by ``page_table_size_1[r, j]``, ``r`` the request of row ``b``: ``b`` itself when
+    ``row_starts`` is None and there are as many requests as rows, else the ``r`` with
+    ``cu_seqlens_q[r] <= b < cu_seqlens_q[r + 1]`` (``#{i >= 1 : cu_seqlens_q[i] <= b}``; 0 for a
+    row inside no request). A position past the table's columns, or padding, gives -1."""
+    pos = topk_select(score, lengths, topk, row_starts).numpy()
+    table = np.asarray(page_table_size_1.detach().cpu(), dtype=np.int64)
+    n_req, cols = table.shape
+    rows = pos.shape[0]
+    req = _request_rows(cu_seqlens_q, rows, row_starts is None and n_req == rows)
+    out = np.full_like(pos, -1)
+    for b in range(rows):
+        ok = (pos[b] >= 0) & (pos[b] < cols) & (req[b] < n_req)
+        out[b, ok] = table[req[b], pos[b, ok]]
+    return torch.from_numpy(out)
+
+
+def topk_transform_ragged(score, lengths, topk_indices_offset, topk: int, row_starts=None) -> torch.Tensor:
+    """``fast_topk_transform_ragged_fused``: each selected position plus the row's offset (int32
+    arithmetic, wrapping), -1 for padding."""
+    pos = topk_select(score, lengths, topk, row_starts).numpy()
+    off = np.asarray(topk_indices_offset.detach().cpu(), dtype=np.int64)[:, None]
+    return torch.from_numpy(np.where(pos >= 0, _wrap_int32(pos + off), -1))
+
+
+def topk_transform_paged(scores, seq_lens, page_tables, topk: int, page_size: int):
+    """``topk_transform_512``: ``(page_indices, raw_indices)``, each ``[B, topk]`` int64. A selected
+    position ``j`` (``topk_select`` over ``scores[b, :seq_lens[b]]``) gives the slot
+    ``(page_tables[b, j // page_size] << log2(page_size)) | (j % page_size)`` in int32 arithmetic
+    (-1 when its page lies past the table's columns) and the raw index ``j``; padding -1 in both."""
+    pos = topk_select(scores, seq_lens.reshape(-1), topk).numpy()
+    table = np.asarray(page_tables.detach().cpu(), dtype=np.int64)
+    bits = page_size.bit_length() - 1
+    out = np.full_like(pos, -1)
+    for b in range(pos.shape[0]):
+        page = np.where(pos[b] >= 0, pos[b] >> bits, 0)
+        ok = (pos[b] >= 0) & (page < table.shape[1])
+        slot = (table[b, page[ok]] << bits) | (pos[b, ok] & (page_size - 1))
+        out[b, ok] = _wrap_int32(slot)
+    return torch.from_numpy(out), torch.from_numpy(pos.copy())

@@ -16,8 +16,11 @@ decode over paged caches: the DeepSeek-V4 backend imports it from the root on XP
 ``sgl_kernel.attention``), the submodule ``sgl_kernel.flash_mla`` (CUDA sgl-kernel's path of
 ``flash_mla_with_kvcache`` and ``get_mla_metadata``, which the backend imports off XPU),
 ``store_cache_xpu`` (imported by
-``mem_cache/memory_pool.py`` on XPU), and the submodule ``sgl_kernel.flash_attn``
-(``flash_attn_varlen_func``, ``flash_attn_with_kvcache``).
+``mem_cache/memory_pool.py`` on XPU), the submodule ``sgl_kernel.flash_attn``
+(``flash_attn_varlen_func``, ``flash_attn_with_kvcache``), and DeepSeek sparse attention's indexer
+top-k (``fast_topk_v2``, ``fast_topk_transform_fused``, ``fast_topk_transform_ragged_fused``,
+``topk_transform_512``, ``topk_transform_512_v2``: sglang's DSA backend imports them from the root;
+sgl-kernel-xpu defines them in the submodule ``sgl_kernel.top_k``, provided too).
 """
 from __future__ import annotations
 
@@ -42,6 +45,14 @@ from . import nsa  # noqa: F401  (sgl_kernel.nsa is a submodule, as in sgl-kerne
 from .fp8_paged_mqa_logits import fp8_paged_mqa_logits_triton
 from .nsa import fp8_mqa_logits, fp8_paged_mqa_logits
 from . import flash_mla  # noqa: F401  (sgl_kernel.flash_mla: CUDA sgl-kernel's module of the same functions)
+from . import top_k  # noqa: F401  (sgl_kernel.top_k is a submodule, as in sgl-kernel-xpu)
+from .top_k import (  # the root re-exports them, as sgl-kernel-xpu's does
+    fast_topk_transform_fused,
+    fast_topk_transform_ragged_fused,
+    fast_topk_v2,
+    topk_transform_512,
+    topk_transform_512_v2,
+)
 from .._stand_ins import unprovided
 
 
@@ -95,6 +106,9 @@ globals().update({name: unprovided("sgl_kernel", name, what) for name, what in _
 
 __all__ = [
     "attention",
+    "fast_topk_transform_fused",
+    "fast_topk_transform_ragged_fused",
+    "fast_topk_v2",
     "flash_attn",
     "flash_mla_decode",
     "flash_mla_decode_get_workspace_size",
@@ -111,4 +125,7 @@ __all__ = [
     "merge_state_v2",
     "nsa",
     "store_cache_xpu",
+    "top_k",
+    "topk_transform_512",
+    "topk_transform_512_v2",
 ]

@@ -1,0 +1,562 @@
+"""DeepSeek sparse attention's indexer top-k (``fast_topk_v2``, ``fast_topk_transform_fused``,
+``fast_topk_transform_ragged_fused``, ``topk_transform_512`` / ``_v2``) against the exact reference.
+
+The selection is deterministic (ties: lowest positions; output ascending), so every case compares
+every output element for equality. Every case poisons what it can: scores are a window of a wider
+buffer whose other elements are ``+inf`` (a score read outside a row's section would be selected),
+page tables a window of a wider buffer of a sentinel slot (read outside the table, it would show),
+outputs start as a sentinel inside wider buffers whose other elements must keep it. Plans shrink
+the kernels' sizes so the interpreter runs every path on small rows: one read (``oneshot``), the
+two-kernel path with room for the candidates (``two_kernel``), and with so little room that rows
+overflow into the streaming paths (``stream``), several row groups each.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import triton_xpu_attn as tx
+from helpers import DEVICE, INTERPRET
+from triton_xpu_attn import reference as ref
+from triton_xpu_attn.ops import topk as topk_mod
+
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+SENTINEL = -777  # in output buffers: never a result (results are >= -1 or page-table values)
+TABLE_SENTINEL = 555555  # page-table cells outside the table a call gets
+
+#: kernel sizes the tests force (module constants the launcher reads)
+PLANS = {
+    "default": {},
+    "oneshot": dict(ONESHOT_MAX=1024),
+    "two_kernel": dict(ONESHOT_MAX=16, GROUPS=64, CAPACITY=128, ROWS_PER_LAUNCH=3, STREAM_BLOCK=32),
+    "stream": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=16, ROWS_PER_LAUNCH=2, STREAM_BLOCK=16),
+}
+
+
+@contextlib.contextmanager
+def plan(name: str):
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in PLANS[name].items():
+            mp.setattr(topk_mod, key, value)
+        yield
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def make_scores(gen, rows: int, width: int, kind: str, dtype=torch.float32, pad: int = 3) -> torch.Tensor:
+    """``[rows, width]`` scores of a kind, a window of a ``+inf`` buffer (``pad`` columns each side)."""
+    if kind == "randn":
+        s = torch.randn(rows, width, generator=gen)
+    elif kind == "ties":
+        s = torch.randint(0, 4, (rows, width), generator=gen).float()
+    elif kind == "specials":
+        s = torch.randn(rows, width, generator=gen)
+        pick = torch.randint(0, 12, (rows, width), generator=gen)
+        for code, value in ((0, float("nan")), (1, float("inf")), (2, -float("inf")), (3, 0.0), (4, -0.0),
+                            (5, -float("nan"))):
+            s[pick == code] = value
+    elif kind == "ascending":
+        s = torch.arange(width, dtype=torch.float32).repeat(rows, 1) + torch.rand(rows, width, generator=gen) * 0.5
+    elif kind == "periodic":  # the same values every 16 positions: strided groups of 16 see no spread
+        s = torch.randn(rows, 16, generator=gen).repeat(1, width // 16 + 1)[:, :width].contiguous()
+    elif kind == "constant":
+        s = torch.full((rows, width), 0.25)
+    elif kind == "signed_zeros":  # +0 and -0 tie
+        s = torch.tensor([0.0, -0.0, 1.0, -1.0])[torch.randint(0, 4, (rows, width), generator=gen)]
+    else:
+        raise AssertionError(kind)
+    buf = torch.full((rows, width + 2 * pad), float("inf"), dtype=dtype)
+    buf[:, pad:pad + width] = s.to(dtype)
+    return buf.to(DEVICE)[:, pad:pad + width]
+
+
+def draw_lengths(data, rows: int, width: int, topk: int, name: str = "lengths") -> torch.Tensor:
+    choices = [-5, 0, 1, topk - 1, topk, topk + 1, width // 2, width, width + 7, I32_MAX]
+    return _i32(data.draw(st.lists(st.sampled_from(choices), min_size=rows, max_size=rows), label=name))
+
+
+def draw_row_starts(data, rows: int, width: int):
+    if not data.draw(st.booleans(), label="has_row_starts"):
+        return None
+    choices = [0, 0, 1, 2, width // 3, width - 1, width, width + 5, -3, I32_MIN]
+    return _i32(data.draw(st.lists(st.sampled_from(choices), min_size=rows, max_size=rows), label="row_starts"))
+
+
+def poisoned_out(rows: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, ``[rows, topk]`` window of it with a row stride of ``topk + 2``), all SENTINEL."""
+    buf = torch.full((rows, topk + 2), SENTINEL, dtype=torch.int32, device=DEVICE)
+    return buf, buf[:, 1:1 + topk]
+
+
+def check_window(buf: torch.Tensor, window_cols: slice, got: torch.Tensor, expected: torch.Tensor):
+    got, expected = got.cpu().long(), expected.long()
+    assert torch.equal(got, expected), f"\ngot {got}\nexpected {expected}"
+    rest = buf.cpu().clone()
+    rest[:, window_cols] = SENTINEL
+    assert torch.all(rest == SENTINEL), "wrote outside the output window"
+
+
+# ---------------------------------------------------------------------------------------------
+# properties
+# ---------------------------------------------------------------------------------------------
+
+KINDS = ["randn", "ties", "specials", "ascending", "periodic", "constant", "signed_zeros"]
+
+
+@given(
+    rows=st.integers(1, 5),
+    width=st.sampled_from([1, 7, 16, 40, 100, 257]),
+    topk=st.sampled_from([1, 2, 3, 8, 13, 32]),
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16]),
+    plan_name=st.sampled_from(list(PLANS)),
+    data=st.data(),
+)
+def test_fast_topk_v2_matches_reference(rows, width, topk, kind, dtype, plan_name, data):
+    gen = torch.Generator().manual_seed(rows * 1000 + width + topk)
+    score = make_scores(gen, rows, width, kind, dtype)
+    lengths = draw_lengths(data, rows, width, topk)
+    row_starts = draw_row_starts(data, rows, width)
+    buf, out = poisoned_out(rows, topk)
+    with plan(plan_name):
+        got = tx.fast_topk_v2(score, lengths, topk, row_starts, out=out)
+    assert got is out
+    check_window(buf, slice(1, 1 + topk), got, ref.topk_select(score, lengths, topk, row_starts))
+
+
+def _page_table(gen, n_req: int, cols: int, pad: int = 2) -> torch.Tensor:
+    """``[n_req, cols]`` int32 slots (negative and extreme ones too), a window of a sentinel buffer."""
+    t = torch.randint(-3, 10**6, (n_req, cols), generator=gen, dtype=torch.int64)
+    if t.numel():
+        t.view(-1)[:: 7] = I32_MAX
+        t.view(-1)[3:: 11] = I32_MIN
+    buf = torch.full((n_req + 1, cols + 2 * pad), TABLE_SENTINEL, dtype=torch.int32)
+    buf[:n_req, pad:pad + cols] = t.to(torch.int32)
+    return buf.to(DEVICE)[:n_req, pad:pad + cols]
+
+
+def _cu_seqlens(data, rows: int, n_req: int, how: str) -> torch.Tensor:
+    if how == "decode":
+        return torch.arange(rows + 1, dtype=torch.int32, device=DEVICE)
+    cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=n_req - 1, max_size=n_req - 1), label="cuts"))
+    end = rows if how == "prefill" else data.draw(st.integers(0, rows), label="end")  # "padded": rows past the end
+    cu = [0] + [min(c, end) for c in cuts] + [end]
+    if how == "unsorted":
+        cu = data.draw(st.permutations(cu), label="order")
+    return _i32(cu)
+
+
+@given(
+    rows=st.integers(1, 5),
+    width=st.sampled_from([5, 16, 40, 100, 257]),
+    topk=st.sampled_from([1, 3, 8, 13, 32]),
+    kind=st.sampled_from(KINDS),
+    how=st.sampled_from(["decode", "prefill", "padded", "unsorted"]),
+    cols_over=st.sampled_from([-30, -1, 0, 5]),
+    plan_name=st.sampled_from(list(PLANS)),
+    data=st.data(),
+)
+def test_fast_topk_transform_fused_matches_reference(rows, width, topk, kind, how, cols_over, plan_name, data):
+    gen = torch.Generator().manual_seed(rows * 1000 + width + topk)
+    score = make_scores(gen, rows, width, kind)
+    lengths = draw_lengths(data, rows, width, topk)
+    row_starts = None if how == "decode" else draw_row_starts(data, rows, width)
+    n_req = rows if how == "decode" else data.draw(st.integers(1, rows), label="n_req")
+    cu = _cu_seqlens(data, rows, n_req, how)
+    table = _page_table(gen, n_req, max(0, width + cols_over))
+    buf, out = poisoned_out(rows, topk)
+    with plan(plan_name):
+        got = tx.fast_topk_transform_fused(score, lengths, table, cu, topk, row_starts, out=out)
+    expected = ref.topk_transform_page_table(score, lengths, table, cu, topk, row_starts)
+    check_window(buf, slice(1, 1 + topk), got, expected)
+    assert not (got == TABLE_SENTINEL).any(), "read a page-table cell outside the table"
+
+
+@given(
+    rows=st.integers(1, 5),
+    width=st.sampled_from([5, 40, 100, 257]),
+    topk=st.sampled_from([1, 8, 13, 32]),
+    kind=st.sampled_from(KINDS),
+    plan_name=st.sampled_from(list(PLANS)),
+    data=st.data(),
+)
+def test_fast_topk_transform_ragged_fused_matches_reference(rows, width, topk, kind, plan_name, data):
+    gen = torch.Generator().manual_seed(rows * 1000 + width + topk)
+    score = make_scores(gen, rows, width, kind)
+    lengths = draw_lengths(data, rows, width, topk)
+    row_starts = draw_row_starts(data, rows, width)
+    offsets = _i32(data.draw(st.lists(st.sampled_from([0, 5, 1000, I32_MAX - 3, I32_MIN, -40]), min_size=rows,
+                                      max_size=rows), label="offsets"))
+    buf, out = poisoned_out(rows, topk)
+    with plan(plan_name):
+        got = tx.fast_topk_transform_ragged_fused(score, lengths, offsets, topk, row_starts, out=out)
+    check_window(buf, slice(1, 1 + topk), got, ref.topk_transform_ragged(score, lengths, offsets, topk, row_starts))
+
+
+@given(
+    rows=st.integers(1, 5),
+    width=st.sampled_from([5, 40, 100, 257]),
+    topk=st.sampled_from([1, 8, 13, 32]),
+    page_size=st.sampled_from([1, 2, 4, 16, 64]),
+    kind=st.sampled_from(KINDS),
+    pages_over=st.sampled_from([-2, 0, 1]),
+    lens_2d=st.booleans(),
+    with_raw=st.booleans(),
+    v2=st.booleans(),
+    plan_name=st.sampled_from(list(PLANS)),
+    data=st.data(),
+)
+def test_topk_transform_512_matches_reference(rows, width, topk, page_size, kind, pages_over, lens_2d, with_raw, v2,
+                                              plan_name, data):
+    gen = torch.Generator().manual_seed(rows * 1000 + width + topk + page_size)
+    scores = make_scores(gen, rows, width, kind)
+    seq_lens = draw_lengths(data, rows, width, topk, "seq_lens")
+    if lens_2d:
+        seq_lens = seq_lens[:, None]
+    pages = max(0, -(-width // page_size) + pages_over)
+    table = _page_table(gen, rows, pages)
+    buf, out = poisoned_out(rows, topk)
+    raw_buf, raw = poisoned_out(rows, topk) if with_raw else (None, None)
+    with plan(plan_name):
+        if v2:
+            result = tx.topk_transform_512_v2(scores, seq_lens, table, out, page_size,
+                                              torch.empty(rows + 1, 2, dtype=torch.int32, device=DEVICE), raw)
+        else:
+            result = tx.topk_transform_512(scores, seq_lens, table, out, page_size, raw)
+    assert result is None
+    exp_page, exp_raw = ref.topk_transform_paged(scores, seq_lens, table, topk, page_size)
+    check_window(buf, slice(1, 1 + topk), out, exp_page)
+    if with_raw:
+        check_window(raw_buf, slice(1, 1 + topk), raw, exp_raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-checked semantics
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan_name", list(PLANS))
+def test_nan_ranks_below_every_number(plan_name):
+    nan, inf = float("nan"), float("inf")
+    score = torch.tensor([[nan, 1.0, -inf, nan, 0.0, -0.0, nan, 2.0, -1.0, nan, -inf, 0.0, 3.0, nan, 1.0, 0.0,
+                           nan, nan]], device=DEVICE)
+    width = score.shape[1]
+    n_numbers = 11  # the others are NaN
+    with plan(plan_name):
+        for topk, expected in [
+            (3, [1, 7, 12]),  # 3.0, 2.0, 1.0 (1.0 twice: the lower position)
+            (4, [1, 7, 12, 14]),
+            (6, [1, 4, 5, 7, 12, 14]),  # +0 / -0 / +0 tie: the two lowest positions
+            (10, [1, 2, 4, 5, 7, 8, 11, 12, 14, 15]),  # every finite number, then the first -inf
+            (n_numbers + 2, [0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 14, 15]),  # the two first NaN fill the rest
+        ]:
+            got = tx.fast_topk_v2(score, _i32([width]), topk)
+            assert got.cpu().tolist() == [expected], (topk, got)
+            assert got.cpu().tolist() == ref.topk_select(score, _i32([width]), topk).tolist()
+
+
+def test_short_rows_return_their_positions_unread():
+    """A section of at most ``topk`` positions: ``0 .. n-1`` then -1, whatever the scores hold."""
+    score = torch.full((2, 6), float("nan"), device=DEVICE)
+    got = tx.fast_topk_v2(score, _i32([4, 0]), 5)
+    assert got.cpu().tolist() == [[0, 1, 2, 3, -1], [-1] * 5]
+
+
+def test_sections_are_clipped_to_the_row():
+    score = torch.arange(10, dtype=torch.float32, device=DEVICE).repeat(4, 1)
+    got = tx.fast_topk_v2(score, _i32([50, -1, 8, 9]), 2, _i32([7, 2, -4, 20]))
+    # row 0: columns 7..9 (3 > 2 positions) -> relative 1, 2; row 1: nothing; row 2: start 0, 8 columns;
+    # row 3: start clipped to 10: nothing
+    assert got.cpu().tolist() == [[1, 2], [-1, -1], [6, 7], [-1, -1]]
+
+
+def test_transform_reads_the_page_table_at_relative_positions():
+    """``row_starts`` moves the section in the scores only; rows map to requests through
+    ``cu_seqlens_q`` (prefill), or directly when there is one request per row and no row starts."""
+    score = torch.tensor([[0.0, 9.0, 1.0, 8.0, 2.0, 7.0]] * 3, device=DEVICE)
+    table = _i32([[100, 101, 102, 103, 104, 105], [200, 201, 202, 203, 204, 205]])
+    cu = _i32([0, 1, 3])
+    got = tx.fast_topk_transform_fused(score, _i32([6, 4, 4]), table, cu, 2, _i32([0, 2, 1]))
+    # row 0 (request 0): positions 1, 3; row 1 (request 1, scores 1, 8, 2, 7): 1, 3; row 2: 9, 1, 8, 2 -> 0, 2
+    assert got.cpu().tolist() == [[101, 103], [201, 203], [200, 202]]
+    direct = tx.fast_topk_transform_fused(score[:2], _i32([6, 6]), table, _i32([0, 2, 2]), 2)
+    assert direct.cpu().tolist() == [[101, 103], [201, 203]]  # row 1 reads request 1 though cu says 0
+
+
+def test_upstream_style_set_comparison():
+    """sgl-kernel-xpu's own check (sets against torch.topk, tolerating tie swaps), topk 2048 and
+    row starts, on the one-read and the two-kernel paths."""
+    gen = torch.Generator().manual_seed(42)
+    rows, seq_len = 2, 2600
+    score = torch.randn(rows, seq_len + 2048, generator=gen).to(DEVICE)
+    row_starts = torch.randint(0, 2048, (rows,), generator=gen, dtype=torch.int32).to(DEVICE)
+    lengths = _i32([seq_len] * rows)
+    for plan_name in ("default", "two_kernel"):
+        with plan(plan_name):
+            ours = tx.fast_topk_v2(score, lengths, 2048, row_starts).cpu()
+        for b in range(rows):
+            s = int(row_starts[b])
+            expected = torch.topk(score[b, s:s + seq_len].cpu(), 2048).indices
+            assert set(ours[b].tolist()) == set(expected.tolist())
+
+
+@pytest.mark.parametrize("plan_name", ["two_kernel", "stream"])
+def test_every_path_is_taken(plan_name):
+    """The small plans do reach the candidates kernel, in row groups, and its three outcomes:
+    candidates that fit; too many, the threshold at the bound (ties); too many, the threshold
+    above it (periodic scores defeat the strided groups)."""
+    gen = torch.Generator().manual_seed(3)
+    score = torch.cat([make_scores(gen, 1, 200, "periodic"), make_scores(gen, 1, 200, "constant"),
+                       make_scores(gen, 1, 200, "randn")])
+    lengths = _i32([200, 200, 200])
+    topk = 8
+    metas = []
+    real = topk_mod._topk_candidates_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                real[grid](*args, **kwargs)
+                metas.append(args[10][:grid[0]].cpu().clone())  # [rows, 4]: candidates, bound, above bound
+            return launch
+
+    with plan(plan_name), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(topk_mod, "_topk_candidates_kernel", Spy())
+        got = tx.fast_topk_v2(score, lengths, topk)
+    assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, topk))
+    assert len(metas) == -(-3 // PLANS[plan_name]["ROWS_PER_LAUNCH"])  # ROWS_PER_LAUNCH rows at a time
+    meta = torch.cat(metas)
+    fits = meta[:, 0] <= topk_mod_capacity(plan_name)
+    if plan_name == "stream":
+        assert not fits[0] and meta[0, 2] >= topk, meta  # periodic: bisection over the row
+        assert not fits[1] and meta[1, 2] < topk, meta  # constant: the bound is the threshold
+    else:
+        assert fits[0] and not fits[1], meta
+
+
+def topk_mod_capacity(plan_name: str) -> int:
+    return PLANS[plan_name]["CAPACITY"]
+
+
+def test_empty_inputs():
+    assert tx.fast_topk_v2(torch.empty(0, 5, device=DEVICE), _i32([]), 4).shape == (0, 4)
+    got = tx.fast_topk_v2(torch.empty(2, 0, device=DEVICE), _i32([3, 0]), 4)
+    assert got.cpu().tolist() == [[-1] * 4] * 2
+    table = torch.empty(0, 0, dtype=torch.int32, device=DEVICE)
+    got = tx.fast_topk_transform_fused(torch.randn(2, 5, device=DEVICE), _i32([5, 2]), table, _i32([0]), 3)
+    assert got.cpu().tolist() == [[-1] * 3] * 2  # no request: no page-table row to read
+
+
+def test_repeated_runs_are_bitwise_equal():
+    gen = torch.Generator().manual_seed(5)
+    score = make_scores(gen, 3, 100, "ties")
+    with plan("two_kernel"):
+        first = tx.fast_topk_v2(score, _i32([100, 60, 99]), 13)
+        assert torch.equal(first, tx.fast_topk_v2(score, _i32([100, 60, 99]), 13))
+
+
+# ---------------------------------------------------------------------------------------------
+# the argument contract, custom ops, compat names
+# ---------------------------------------------------------------------------------------------
+
+
+def _v2_args(**change):
+    args = dict(score=torch.randn(3, 10, device=DEVICE), lengths=_i32([10, 4, 7]), topk=4, row_starts=None)
+    args.update(change)
+    return args
+
+
+BAD = [
+    ("score", TypeError, dict(score=[[1.0]])),
+    ("score", TypeError, dict(score=torch.zeros(3, 10, dtype=torch.int32, device=DEVICE))),
+    ("score", ValueError, dict(score=torch.zeros(3, 10, 2, device=DEVICE))),
+    ("lengths", TypeError, dict(lengths=torch.tensor([1.0, 2.0, 3.0], device=DEVICE))),
+    ("lengths", ValueError, dict(lengths=_i32([1, 2]))),
+    ("topk", ValueError, dict(topk=0)),
+    ("topk", ValueError, dict(topk=2049)),
+    ("topk", TypeError, dict(topk=2.0)),
+    ("topk", TypeError, dict(topk=None)),
+    ("row_starts", ValueError, dict(row_starts=_i32([0, 1]))),
+    ("row_starts", TypeError, dict(row_starts=torch.zeros(3, device=DEVICE))),
+]
+
+
+@pytest.mark.parametrize("name, error, change", BAD, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD)])
+def test_bad_input_names_the_argument(name, error, change):
+    args = _v2_args(**change)
+    with pytest.raises(error, match=rf"^{name}\b"):
+        tx.fast_topk_v2(args["score"], args["lengths"], args["topk"], args["row_starts"])
+
+
+def test_bad_transform_inputs_name_the_argument():
+    score, lengths = torch.randn(3, 10, device=DEVICE), _i32([10, 4, 7])
+    table = torch.zeros(2, 10, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="^page_table_size_1"):
+        tx.fast_topk_transform_fused(score, lengths, table, _i32([0, 1, 2, 3]), 4)
+    with pytest.raises(TypeError, match="^page_table_size_1"):
+        tx.fast_topk_transform_fused(score, lengths, table.long(), _i32([0, 1, 3]), 4)
+    with pytest.raises(ValueError, match="^cu_seqlens_q"):
+        tx.fast_topk_transform_fused(score, lengths, table, _i32([0, 1, 2, 3, 3]), 4)
+    with pytest.raises(ValueError, match="^topk_indices_offset"):
+        tx.fast_topk_transform_ragged_fused(score, lengths, _i32([0, 1]), 4)
+    with pytest.raises(ValueError, match="^out"):
+        tx.fast_topk_v2(score, lengths, 4, out=torch.zeros(3, 5, dtype=torch.int32, device=DEVICE))
+    out = torch.zeros(3, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="^page_size"):
+        tx.topk_transform_512(score, lengths, table[:1].expand(3, 10), out, 3)
+    with pytest.raises(ValueError, match="^page_tables"):
+        tx.topk_transform_512(score, lengths, table, out, 1)
+    with pytest.raises(ValueError, match=r"^out_page_indices.shape\[1\]"):
+        tx.topk_transform_512(score, lengths, table[:1].expand(3, 10),
+                              torch.zeros(3, 4096, dtype=torch.int32, device=DEVICE), 1)
+    with pytest.raises(ValueError, match="^out_raw_indices"):
+        tx.topk_transform_512(score, lengths, table[:1].expand(3, 10), out, 1, out[:2])
+    with pytest.raises(ValueError, match="^seq_lens"):
+        tx.topk_transform_512(score, lengths[:, None].expand(3, 2), table[:1].expand(3, 10), out, 1)
+    with pytest.raises(TypeError, match="^metadata"):
+        tx.topk_transform_512_v2(score, lengths, table[:1].expand(3, 10), out, 1, None)
+
+
+def test_cpu_inputs_under_a_gpu_backend_raise(monkeypatch):
+    from triton_xpu_attn import device as _device
+
+    monkeypatch.setattr(_device, "backend", lambda: "cuda")
+    monkeypatch.setattr(_device, "default_device", lambda: torch.device("cuda"))
+    with pytest.raises(ValueError, match=r"^score is on cpu but kernels run on cuda here \(the cuda backend\)"):
+        tx.fast_topk_v2(torch.randn(2, 8), torch.tensor([8, 3], dtype=torch.int32), 4)
+
+
+def _custom_cases():
+    score, lengths = torch.randn(3, 40, device=DEVICE), _i32([40, 4, 30])
+    table = torch.randint(0, 1000, (2, 40), dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(3, 8, dtype=torch.int32, device=DEVICE)
+    return [
+        ("fast_topk_v2", (score, lengths, 8, _i32([0, 3, 5])), None),
+        ("fast_topk_transform_fused", (score, lengths, table, _i32([0, 1, 3]), 8, None), None),
+        ("fast_topk_transform_ragged_fused", (score, lengths, _i32([0, 40, 44]), 8, None), None),
+        ("topk_transform_512", (score, lengths, table[:1].expand(3, 40), out, 4, out.clone()), (3, 5)),
+        ("topk_transform_512_v2", (score, lengths, table[:1].expand(3, 40), out, 4, _i32([[0, 0]] * 4), out.clone()),
+         (3, 6)),
+    ]
+
+
+@pytest.mark.parametrize("name, args, outs", _custom_cases(), ids=[c[0] for c in _custom_cases()])
+def test_custom_op_opcheck_and_equals_the_function(name, args, outs):
+    op = getattr(torch.ops.triton_xpu_attn, name)
+    result = torch.library.opcheck(op, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+    fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    expected = getattr(tx, name)(*fresh)
+    got = op(*args)
+    if outs is None:
+        assert torch.equal(got, expected)
+    else:
+        for i in outs:
+            assert torch.equal(args[i], fresh[i])
+
+
+def test_compiled_call_has_no_graph_break():
+    score, lengths = torch.randn(3, 40, device=DEVICE), _i32([40, 4, 30])
+
+    def step(s, n):
+        return torch.ops.triton_xpu_attn.fast_topk_v2(s, n, 8) + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(score, lengths), step(score, lengths))
+
+
+def test_sgl_kernel_compat_names():
+    import importlib
+
+    import triton_xpu_attn.compat as compat
+
+    before = compat.installed()
+    compat.install(["sgl_kernel"], force=True)
+    try:
+        sgl_kernel = importlib.import_module("sgl_kernel")
+        top_k = importlib.import_module("sgl_kernel.top_k")
+        for name in ("fast_topk_v2", "fast_topk_transform_fused", "fast_topk_transform_ragged_fused",
+                     "topk_transform_512", "topk_transform_512_v2"):
+            assert getattr(sgl_kernel, name) is getattr(tx, name) is getattr(top_k, name)
+            assert name in sgl_kernel.__all__
+    finally:
+        compat.uninstall()
+        if before:
+            compat.install(list(before))
+
+
+def test_signatures_match_upstream():
+    import inspect
+
+    expected = {
+        "fast_topk_v2": ["score", "lengths", "topk", "row_starts"],
+        "fast_topk_transform_fused": ["score", "lengths", "page_table_size_1", "cu_seqlens_q", "topk", "row_starts"],
+        "fast_topk_transform_ragged_fused": ["score", "lengths", "topk_indices_offset", "topk", "row_starts"],
+        "topk_transform_512": ["scores", "seq_lens", "page_tables", "out_page_indices", "page_size",
+                               "out_raw_indices"],
+        "topk_transform_512_v2": ["scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "metadata",
+                                  "out_raw_indices"],
+    }
+    for name, params in expected.items():
+        positional = [p.name for p in inspect.signature(getattr(tx, name)).parameters.values()
+                      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        assert positional == params, name
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled on a GPU: DeepSeek-V3.2 shapes, graphs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, width, row_starts", [(4, 4096, False), (3, 65536, True), (2, 131072, False),
+                                                     (1100, 9000, True)])
+def test_gpu_deepseek_shapes(rows, width, row_starts):
+    gen = torch.Generator().manual_seed(rows + width)
+    score = torch.randn(rows, width, generator=gen).to(DEVICE)
+    lengths = torch.randint(width // 2, width + 1, (rows,), generator=gen, dtype=torch.int32).to(DEVICE)
+    starts = None
+    if row_starts:
+        starts = torch.randint(0, width // 4, (rows,), generator=gen, dtype=torch.int32).to(DEVICE)
+    got = tx.fast_topk_v2(score, lengths, 2048, starts)
+    assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, 2048, starts))
+    table = torch.randint(0, 2**30, (rows, width), generator=gen, dtype=torch.int32).to(DEVICE)
+    got = tx.fast_topk_transform_fused(score, lengths, table, torch.arange(rows + 1, dtype=torch.int32,
+                                                                           device=DEVICE), 2048, starts)
+    expected = ref.topk_transform_page_table(score, lengths, table, torch.arange(rows + 1), 2048, starts)
+    assert torch.equal(got.cpu().long(), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ties", "periodic", "constant", "specials"])
+def test_gpu_streaming_rows(kind):
+    """Rows that overflow the candidates on the real sizes (ties, periodic scores) stay exact."""
+    gen = torch.Generator().manual_seed(11)
+    score = make_scores(gen, 3, 40000, kind)
+    lengths = _i32([40000, 30000, 12345])
+    got = tx.fast_topk_v2(score, lengths, 2048)
+    assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, 2048))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs")
+def test_gpu_graph_replay_without_host_sync():
+    gen = torch.Generator().manual_seed(7)
+    score = torch.randn(8, 20000, generator=gen).to(DEVICE)
+    lengths = _i32([20000, 100, 5000, 19999, 0, 2049, 2048, 15000])
+    table = torch.randint(0, 2**20, (8, 20000), generator=gen, dtype=torch.int32).to(DEVICE)
+    cu = torch.arange(9, dtype=torch.int32, device=DEVICE)
+    tx.fast_topk_transform_fused(score, lengths, table, cu, 2048)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tx.fast_topk_transform_fused(score, lengths, table, cu, 2048)
+    score.copy_(torch.randn(8, 20000, generator=gen).to(DEVICE))
+    graph.replay()
+    expected = ref.topk_transform_page_table(score, lengths, table, cu, 2048)
+    assert torch.equal(out.cpu().long(), expected)

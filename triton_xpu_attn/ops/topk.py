@@ -1,0 +1,673 @@
+"""DeepSeek sparse attention (DSA) top-k selection: ``fast_topk_v2``, ``fast_topk_transform_fused``,
+``fast_topk_transform_ragged_fused``, ``topk_transform_512`` and ``topk_transform_512_v2``, drop-ins
+for sgl-kernel-xpu's ``sgl_kernel`` functions of those names (``python/sgl_kernel/top_k.py``).
+
+Each row ``b`` of ``score [B, W]`` (the indexer's logits) selects the ``topk`` largest scores of its
+section ``score[b, s : s + n]`` (``s = row_starts[b]``, ``n = lengths[b]``, both clipped to the
+row: ``s`` to ``[0, W]``, ``n`` to ``[0, W - s]``). Positions are relative to ``s``; the ops then
+return them as they are, mapped through a page-size-1 page table, shifted by a ragged offset, or
+mapped through a paged table (the 512 variants). The selection contract (``reference.topk_select``):
+
+* ``n <= topk``: positions ``0 .. n-1``, then ``-1`` (no score is read, NaN or not);
+* ``n > topk``: exactly ``topk`` positions, in ascending order: every position whose score is above
+  the ``topk``-th largest, then the lowest positions among those equal to it. ``+0`` and ``-0`` are
+  equal; NaN ranks below every number (``-inf`` included): it is selected only where fewer than
+  ``topk`` positions hold numbers.
+
+Kernels compare order-preserving int32 keys of the fp32 scores (``_order_key``). The ``topk``-th
+largest key is found by bisection over the key bits, two bits a step (three counts packed in one
+int64 sum, ``_kth_largest``), on a register-resident set:
+
+* rows no wider than ``ONESHOT_MAX`` (``_topk_select_kernel`` with ``ONESHOT``): the whole section,
+  one program per row, one read of the scores;
+* wider rows, two kernels per group of at most ``ROWS_PER_LAUNCH`` rows: ``_topk_candidates_kernel``
+  reads the section once taking the running maximum of ``GROUPS`` strided groups (position ``j`` in
+  group ``j % GROUPS``); the ``topk``-th largest group maximum ``v`` bounds the threshold from below
+  (at least ``topk`` groups hold a score ``>= v``), and for scores without structure only about
+  ``0.3 * GROUPS`` positions reach it. A second read compacts the positions whose key is ``>= v``
+  (and their keys) into scratch, in order. ``_topk_select_kernel`` then bisects over those
+  candidates. Where more than ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to
+  defeat the groups) it streams the row instead: the threshold is ``v`` itself when fewer than
+  ``topk`` keys exceed it, else found by bisection over the row (16 reads); one more read writes the
+  selection. Exact in every case, fast in the common one.
+
+The transform of a selected position ``j`` (and of ``0 .. n-1`` in short rows) happens where the
+position is written: no page-table entry is read for a position that is not selected, none outside
+the table (a position past its columns gives ``-1``), and page-table values are copied, never
+followed. Nothing reads a device value on the host: every launch is graph-capturable.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device
+from .. import tune
+from .._common import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_int,
+    check_page_size,
+    check_same_device,
+    check_tensor,
+    device_guard,
+    next_power_of_2,
+    register_xpu_compile,
+)
+
+#: the largest ``topk`` the ops take (upstream: 2048 for the ``fast_topk`` family, up to 2048 for
+#: the 512 variants)
+MAX_TOPK = 2048
+#: rows at most this wide are selected in one read, whole in registers (a power of two)
+ONESHOT_MAX = 8192
+#: strided groups whose maxima bound the threshold of a wider row (a power of two >= 2 * topk)
+GROUPS = 8192
+#: candidates a wider row keeps for the exact bisection (a power of two >= topk, <= 32768)
+CAPACITY = 8192
+#: rows per pair of launches of the two-kernel path (scratch: 8 * CAPACITY bytes a row)
+ROWS_PER_LAUNCH = 1024
+#: positions a streaming step reads at once (a power of two <= 16384: counts share int32 fields)
+STREAM_BLOCK = 4096
+#: requests a step of the row -> request search reads (``cu_seqlens_q``)
+REQUEST_BLOCK = 1024
+
+# what the transform does with a selected position j (kernel constexpr MODE)
+MODE_INDEX, MODE_PAGE_TABLE, MODE_RAGGED, MODE_PAGED = 0, 1, 2, 3
+
+_I32_MIN = tl.constexpr(-2147483648)
+
+
+@triton.jit
+def _zero(dtype: tl.constexpr):
+    """A scalar 0 of ``dtype`` that a loop may carry (an argument specialised to the constant 1
+    would make ``arg * 0`` a constant)."""
+    return tl.sum(tl.zeros([1], dtype=dtype), axis=0)
+
+
+@triton.jit
+def _order_key(x):
+    """int32 keys whose signed order is the order of the scores ``x`` (any float dtype, taken as
+    fp32): ``+0`` and ``-0`` share a key, NaN (either sign) gets the lowest key, below ``-inf``."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    bits = tl.where(bits == _I32_MIN, 0, bits)  # -0 -> +0
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits flipped
+    return tl.where(x != x, _I32_MIN, key)
+
+
+@triton.jit
+def _kth_largest(keys, valid, k):
+    """The ``k``-th largest of ``keys`` where ``valid`` (int32 scalar): the largest ``t`` with
+    ``#{valid, key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). Two bits a step,
+    sixteen steps, each one reduction of three counts packed in int64 (16-bit fields: at most 65535
+    valid keys)."""
+    t = _zero(tl.int64) - 2147483648  # offset 0 in unsigned order
+    for step in range(16):
+        unit = (_zero(tl.int64) + 1) << (30 - 2 * step)
+        c1 = (t + unit).to(tl.int32)
+        c2 = (t + 2 * unit).to(tl.int32)
+        c3 = (t + 3 * unit).to(tl.int32)
+        packed = ((valid & (keys >= c1)).to(tl.int64) + ((valid & (keys >= c2)).to(tl.int64) << 16)
+                  + ((valid & (keys >= c3)).to(tl.int64) << 32))
+        total = tl.sum(packed, axis=0)
+        d = tl.where((total >> 32) >= k, 3, tl.where(((total >> 16) & 0xFFFF) >= k, 2,
+                                                        tl.where((total & 0xFFFF) >= k, 1, 0)))
+        t = t + d.to(tl.int64) * unit
+    return t.to(tl.int32)
+
+
+@triton.jit
+def _section(len_ptr, stride_len, rs_ptr, stride_rs, row, width, HAS_ROW_STARTS: tl.constexpr):
+    """(positions ``n`` as int32, first column ``s`` as int64) of a row's section, clipped to the
+    row: ``s`` to ``[0, width]``, ``n`` to ``[0, width - s]``."""
+    length = tl.load(len_ptr + row * stride_len).to(tl.int64)
+    if HAS_ROW_STARTS:
+        start = tl.minimum(tl.maximum(tl.load(rs_ptr + row * stride_rs).to(tl.int64), 0), width)
+    else:
+        start = row * 0
+    n = tl.minimum(tl.maximum(length, 0), width - start)
+    return n.to(tl.int32), start
+
+
+@triton.jit
+def _emit(out_row, raw_row, slot, j, keep, valid, pt_row, stride_ptc, pt_cols, offset, page_bits,
+          MODE: tl.constexpr, HAS_RAW: tl.constexpr):
+    """Store slots ``slot`` (where ``keep``) of one output row: position ``j`` transformed by
+    ``MODE`` where ``valid``, else -1. ``pt_row``: the page-table row (MODE 1, 3; ``pt_cols`` its
+    columns, 0 when the row has none); ``offset``: the ragged offset (MODE 2)."""
+    if MODE == 0:
+        val = j
+    elif MODE == 1:
+        inside = valid & (j < pt_cols)
+        val = tl.load(pt_row + j.to(tl.int64) * stride_ptc, mask=inside & keep, other=-1)
+    elif MODE == 2:
+        val = j + offset
+    else:
+        page = j >> page_bits
+        inside = valid & (page < pt_cols)
+        pid = tl.load(pt_row + page.to(tl.int64) * stride_ptc, mask=inside & keep, other=0)
+        val = tl.where(inside, (pid << page_bits) | (j & ((1 << page_bits) - 1)), -1)
+    tl.store(out_row + slot, tl.where(valid, val, -1), mask=keep)
+    if HAS_RAW:
+        tl.store(raw_row + slot, tl.where(valid, j, -1), mask=keep)
+
+
+@triton.jit
+def _emit_selected(keys, idx, valid, t, k, out_row, raw_row, pt_row, stride_ptc, pt_cols, offset, page_bits,
+                   MODE: tl.constexpr, HAS_RAW: tl.constexpr):
+    """Write the ``k`` selected of a register-resident set (``keys``, positions ``idx`` ascending,
+    ``valid``; ``t`` its ``k``-th largest key): keys above ``t``, then the first ties, in order."""
+    gt = valid & (keys > t)
+    eq = valid & (keys == t)
+    need = k - tl.sum(gt.to(tl.int32), axis=0)
+    packed = eq.to(tl.int32) + (gt.to(tl.int32) << 16)  # at most 32768 entries: fields do not carry
+    before = tl.cumsum(packed, axis=0) - packed
+    eq_before = before & 0xFFFF
+    sel = gt | (eq & (eq_before < need))
+    slot = (before >> 16) + tl.minimum(eq_before, need)
+    _emit(out_row, raw_row, slot, idx, sel, sel, pt_row, stride_ptc, pt_cols, offset, page_bits, MODE, HAS_RAW)
+
+
+@triton.jit
+def _stream_kth_largest(row_ptr, stride_sc, n, k, BLOCK: tl.constexpr):
+    """``_kth_largest`` over a whole section read from memory: one read a two-bit step."""
+    t = _zero(tl.int64) - 2147483648
+    b = tl.arange(0, BLOCK)
+    for step in range(16):
+        unit = (_zero(tl.int64) + 1) << (30 - 2 * step)
+        c1 = (t + unit).to(tl.int32)
+        c2 = (t + 2 * unit).to(tl.int32)
+        c3 = (t + 3 * unit).to(tl.int32)
+        n1 = _zero(tl.int64)
+        n2 = _zero(tl.int64)
+        n3 = _zero(tl.int64)
+        for c in range(0, n, BLOCK):
+            ok = c + b < n
+            key = _order_key(tl.load(row_ptr + (c + b).to(tl.int64) * stride_sc, mask=ok, other=0.0))
+            packed = ((ok & (key >= c1)).to(tl.int64) + ((ok & (key >= c2)).to(tl.int64) << 21)
+                      + ((ok & (key >= c3)).to(tl.int64) << 42))
+            total = tl.sum(packed, axis=0)
+            n1 += total & 0x1FFFFF
+            n2 += (total >> 21) & 0x1FFFFF
+            n3 += total >> 42
+        d = tl.where(n3 >= k, 3, tl.where(n2 >= k, 2, tl.where(n1 >= k, 1, 0)))
+        t = t + d.to(tl.int64) * unit
+    return t.to(tl.int32)
+
+
+@triton.jit
+def _stream_emit(row_ptr, stride_sc, n, t, k, out_row, raw_row, pt_row, stride_ptc, pt_cols, offset, page_bits,
+                 MODE: tl.constexpr, HAS_RAW: tl.constexpr, BLOCK: tl.constexpr):
+    """``_emit_selected`` over a section read from memory (``t`` its ``k``-th largest key)."""
+    b = tl.arange(0, BLOCK)
+    need = _zero(tl.int32) + k
+    gt_base = _zero(tl.int32)
+    eq_base = _zero(tl.int32)
+    for c in range(0, n, BLOCK):  # keys above t first: how many there are decides the ties taken
+        ok = c + b < n
+        key = _order_key(tl.load(row_ptr + (c + b).to(tl.int64) * stride_sc, mask=ok, other=0.0))
+        need -= tl.sum((ok & (key > t)).to(tl.int32), axis=0)
+    for c in range(0, n, BLOCK):
+        j = c + b
+        ok = j < n
+        key = _order_key(tl.load(row_ptr + j.to(tl.int64) * stride_sc, mask=ok, other=0.0))
+        gt = ok & (key > t)
+        eq = ok & (key == t)
+        packed = eq.to(tl.int32) + (gt.to(tl.int32) << 16)
+        before = tl.cumsum(packed, axis=0) - packed
+        eq_before = eq_base + (before & 0xFFFF)
+        sel = gt | (eq & (eq_before < need))
+        slot = gt_base + (before >> 16) + tl.minimum(eq_before, need)
+        _emit(out_row, raw_row, slot, j, sel, sel, pt_row, stride_ptc, pt_cols, offset, page_bits, MODE, HAS_RAW)
+        total = tl.sum(packed, axis=0)
+        gt_base += total >> 16
+        eq_base += total & 0xFFFF
+
+
+@triton.jit
+def _topk_candidates_kernel(
+    score_ptr, stride_sr, stride_sc, width,  # [B, W] scores
+    len_ptr, stride_len, rs_ptr, stride_rs,  # [B] lengths, [B] row starts (read when HAS_ROW_STARTS)
+    skey_ptr, sidx_ptr,  # [rows, CAPACITY] int32 scratch: candidates' keys and positions
+    meta_ptr,  # [rows, 4] int32 scratch: candidates, bound v, keys above v
+    row0, topk,
+    HAS_ROW_STARTS: tl.constexpr, GROUPS: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per row ``row0 + program_id(0)`` wider than ``topk``: the bound ``v`` from the
+    strided groups' maxima, then the positions with key ``>= v`` compacted in order (the first
+    ``CAPACITY`` of them) and counted."""
+    r = tl.program_id(0).to(tl.int64)
+    row = row0 + r
+    n, start = _section(len_ptr, stride_len, rs_ptr, stride_rs, row, width, HAS_ROW_STARTS)
+    if n > topk:
+        base = score_ptr + row * stride_sr + start * stride_sc
+        g = tl.arange(0, GROUPS)
+        acc = tl.full([GROUPS], _I32_MIN, dtype=tl.int32)
+        for c in range(0, n, GROUPS):
+            ok = c + g < n
+            key = _order_key(tl.load(base + (c + g).to(tl.int64) * stride_sc, mask=ok, other=0.0))
+            acc = tl.maximum(acc, tl.where(ok, key, _I32_MIN))
+        v = _kth_largest(acc, g < GROUPS, topk)
+        b = tl.arange(0, BLOCK)
+        m = _zero(tl.int32)
+        above = _zero(tl.int32)
+        for c in range(0, n, BLOCK):
+            j = c + b
+            ok = j < n
+            key = _order_key(tl.load(base + j.to(tl.int64) * stride_sc, mask=ok, other=0.0))
+            packed = (ok & (key >= v)).to(tl.int32) + ((ok & (key > v)).to(tl.int32) << 16)
+            pos = m + (tl.cumsum(packed, axis=0) & 0xFFFF) - 1
+            keep = ((packed & 1) != 0) & (pos < CAPACITY)
+            tl.store(skey_ptr + r * CAPACITY + pos, key, mask=keep)
+            tl.store(sidx_ptr + r * CAPACITY + pos, j, mask=keep)
+            total = tl.sum(packed, axis=0)
+            m += total & 0xFFFF
+            above += total >> 16
+        tl.store(meta_ptr + r * 4, m)
+        tl.store(meta_ptr + r * 4 + 1, v)
+        tl.store(meta_ptr + r * 4 + 2, above)
+
+
+@triton.jit
+def _topk_select_kernel(
+    score_ptr, stride_sr, stride_sc, width,  # [B, W] scores
+    len_ptr, stride_len, rs_ptr, stride_rs,  # [B] lengths, [B] row starts (read when HAS_ROW_STARTS)
+    out_ptr, stride_or,  # [B, topk] int32 (slots contiguous)
+    raw_ptr, stride_rr,  # [B, topk] int32 raw positions (written when HAS_RAW)
+    pt_ptr, stride_ptr, stride_ptc, pt_rows, pt_cols,  # page table (MODE 1: [requests, C]; MODE 3: [B, pages])
+    cu_ptr, stride_cu, n_req,  # [requests + 1] query offsets (MODE 1 unless DIRECT_REQUEST)
+    off_ptr, stride_off,  # [B] int32 ragged offsets (MODE 2)
+    page_bits,  # log2(page_size) (MODE 3)
+    skey_ptr, sidx_ptr, meta_ptr,  # the candidates kernel's scratch (not ONESHOT)
+    row0, topk,
+    HAS_ROW_STARTS: tl.constexpr, MODE: tl.constexpr, DIRECT_REQUEST: tl.constexpr, HAS_RAW: tl.constexpr,
+    ONESHOT: tl.constexpr, CAPACITY: tl.constexpr, TOPK_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    REQUEST_BLOCK: tl.constexpr,
+):
+    """One program per row ``row0 + program_id(0)``: its ``topk`` output slots. ``ONESHOT``: the
+    section (at most ``CAPACITY`` positions) is read whole; else the candidates kernel's scratch is
+    read, or the row streamed where it overflowed."""
+    r = tl.program_id(0).to(tl.int64)
+    row = row0 + r
+    n, start = _section(len_ptr, stride_len, rs_ptr, stride_rs, row, width, HAS_ROW_STARTS)
+    out_row = out_ptr + row * stride_or
+    raw_row = raw_ptr + row * stride_rr
+    pt_row = pt_ptr
+    cols = pt_cols
+    offset = 0
+    if MODE == 1:
+        if DIRECT_REQUEST:
+            req = row
+        else:
+            # the request whose query rows hold this row: #{i >= 1 : cu[i] <= row}; a row before
+            # cu[0] or past cu[n_req] belongs to none and reads request 0 (as upstream)
+            below = _zero(tl.int64)
+            for s in range(0, n_req, REQUEST_BLOCK):
+                i = s + tl.arange(0, REQUEST_BLOCK)
+                bound = tl.load(cu_ptr + (i + 1).to(tl.int64) * stride_cu, mask=i < n_req, other=0)
+                below += tl.sum(((i < n_req) & (bound.to(tl.int64) <= row)).to(tl.int64), axis=0)
+            req = tl.where(below < n_req, below, 0)
+        pt_row = pt_ptr + req * stride_ptr
+        cols = tl.where(req < pt_rows, pt_cols, 0)
+    elif MODE == 2:
+        offset = tl.load(off_ptr + row * stride_off)
+    elif MODE == 3:
+        pt_row = pt_ptr + row * stride_ptr
+    row_ptr = score_ptr + row * stride_sr + start * stride_sc
+    if n <= topk:
+        slot = tl.arange(0, TOPK_BLOCK)
+        _emit(out_row, raw_row, slot, slot, slot < topk, slot < n, pt_row, stride_ptc, cols, offset, page_bits, MODE,
+              HAS_RAW)
+    else:
+        i = tl.arange(0, CAPACITY)
+        if ONESHOT:
+            valid = i < n
+            keys = _order_key(tl.load(row_ptr + i.to(tl.int64) * stride_sc, mask=valid, other=0.0))
+            t = _kth_largest(keys, valid, topk)
+            _emit_selected(keys, i, valid, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset, page_bits,
+                           MODE, HAS_RAW)
+        else:
+            m = tl.load(meta_ptr + r * 4)
+            if m <= CAPACITY:
+                valid = i < m
+                keys = tl.load(skey_ptr + r * CAPACITY + i, mask=valid, other=_I32_MIN)
+                idx = tl.load(sidx_ptr + r * CAPACITY + i, mask=valid, other=0)
+                t = _kth_largest(keys, valid, topk)
+                _emit_selected(keys, idx, valid, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset,
+                               page_bits, MODE, HAS_RAW)
+            else:
+                t = tl.load(meta_ptr + r * 4 + 1)
+                if tl.load(meta_ptr + r * 4 + 2) >= topk:  # the threshold lies above the bound
+                    t = _stream_kth_largest(row_ptr, stride_sc, n, topk, BLOCK)
+                _stream_emit(row_ptr, stride_sc, n, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset,
+                             page_bits, MODE, HAS_RAW, BLOCK)
+
+
+def _register_compile_variants():
+    common = dict(
+        score_ptr="*fp32", stride_sr="i64", stride_sc="i32", width="i32",
+        len_ptr="*i32", stride_len="i32", rs_ptr="*i32", stride_rs="i32",
+        skey_ptr="*i32", sidx_ptr="*i32", meta_ptr="*i32", row0="i32", topk="i32", HAS_ROW_STARTS=True,
+    )
+    select = dict(
+        common, out_ptr="*i32", stride_or="i32", raw_ptr="*i32", stride_rr="i32",
+        pt_ptr="*i32", stride_ptr="i64", stride_ptc="i32", pt_rows="i32", pt_cols="i32",
+        cu_ptr="*i32", stride_cu="i32", n_req="i32", off_ptr="*i32", stride_off="i32", page_bits="i32",
+        DIRECT_REQUEST=False, HAS_RAW=False, TOPK_BLOCK=2048, BLOCK=STREAM_BLOCK, REQUEST_BLOCK=REQUEST_BLOCK,
+    )
+    opts = _options(max(GROUPS, CAPACITY), "xpu")
+    register_xpu_compile(_topk_candidates_kernel, f"groups{GROUPS},cap{CAPACITY},row_starts",
+                         dict(common, GROUPS=GROUPS, CAPACITY=CAPACITY, BLOCK=STREAM_BLOCK), **opts)
+    for mode, label in ((MODE_INDEX, "index"), (MODE_PAGE_TABLE, "page_table"), (MODE_RAGGED, "ragged")):
+        register_xpu_compile(_topk_select_kernel, f"{label},oneshot{ONESHOT_MAX},row_starts",
+                             dict(select, MODE=mode, ONESHOT=True, CAPACITY=ONESHOT_MAX), **_options(ONESHOT_MAX, "xpu"))
+        register_xpu_compile(_topk_select_kernel, f"{label},cap{CAPACITY},row_starts",
+                             dict(select, MODE=mode, ONESHOT=False, CAPACITY=CAPACITY), **opts)
+    paged = dict(select, MODE=MODE_PAGED, HAS_ROW_STARTS=False, HAS_RAW=True, rs_ptr=None, stride_rs="i32")
+    register_xpu_compile(_topk_select_kernel, f"paged,raw,oneshot{ONESHOT_MAX}",
+                         dict(paged, ONESHOT=True, CAPACITY=ONESHOT_MAX), **_options(ONESHOT_MAX, "xpu"))
+    register_xpu_compile(_topk_select_kernel, f"paged,raw,cap{CAPACITY}",
+                         dict(paged, ONESHOT=False, CAPACITY=CAPACITY), **opts)
+
+
+def _options(block: int, backend: str | None = None, select: bool = False) -> dict:
+    """Launch options for a kernel whose register-resident set holds ``block`` keys: enough warps
+    that each thread keeps at most 16 of them (at least 4 warps). XPU: 16-lane sub-groups, 256
+    registers (0 B spilled, tables above). CUDA: the select kernel of 8192 keys may take 128
+    registers a thread (ptxas settles on 64 and spills 16-96 B otherwise: Triton 3.9, sm_90)."""
+    backend = backend or _device.backend()
+    if backend == "xpu":
+        return dict(num_warps=min(32, max(4, block // 256)), num_stages=1, grf_mode=_device.xpu_large_grf_mode())
+    opts = dict(num_warps=min(16, max(4, block // 512)), num_stages=1)
+    if select and block >= 8192:
+        opts["maxnreg"] = 128
+    return opts
+
+
+def _launch_options(block: int, select: bool = False) -> dict:
+    return tune.launch_options(_options(block, select=select))
+
+
+_register_compile_variants()
+
+
+def _check_topk(topk, name: str = "topk") -> int:
+    topk = check_int(topk, name, minimum=1)
+    if topk > MAX_TOPK:
+        raise ValueError(f"{name} must be at most {MAX_TOPK}, got {topk}")
+    return topk
+
+
+def _check_rows(score_name: str, score, lengths_name: str, lengths, row_starts=None) -> tuple:
+    check_tensor(score_name, score, dtypes=FLOAT_DTYPES, ndim=2)
+    rows, width = score.shape
+    if width >= 2**31:
+        raise ValueError(f"{score_name} rows must hold fewer than 2^31 columns, got {width}")
+    if lengths_name == "seq_lens" and isinstance(lengths, torch.Tensor) and lengths.dim() == 2:
+        check_tensor(lengths_name, lengths, dtypes=INDEX_DTYPES, shape=(rows, 1))
+        lengths = lengths[:, 0]
+    check_tensor(lengths_name, lengths, dtypes=INDEX_DTYPES, shape=(rows,))
+    if row_starts is not None:
+        check_tensor("row_starts", row_starts, dtypes=INDEX_DTYPES, shape=(rows,))
+    return rows, width, lengths
+
+
+def _output(out, rows: int, topk: int):
+    if out is not None:
+        check_tensor("out", out, dtypes=(torch.int32,), shape=(rows, topk), last_dim_contiguous=True)
+    return out
+
+
+def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX, page_table=None, cu=None,
+            offsets=None, page_bits=0, direct_request=False):
+    """Launch the selection of every row of ``score`` into ``out [B, topk]`` (and ``raw``)."""
+    rows, width = score.shape
+    if rows == 0:
+        return
+    device = score.device
+    # absent or empty tensors: any tensor of the call in their place (never read)
+    stand_in = out
+
+    def ptr(t):
+        return t if t is not None and t.numel() else stand_in
+
+    pt = ptr(page_table)
+    pt_rows, pt_cols = (page_table.shape[0], page_table.shape[1]) if page_table is not None else (0, 0)
+    pt_strides = (page_table.stride(0), page_table.stride(1)) if page_table is not None else (0, 1)
+    select_args = [
+        out, out.stride(0), ptr(raw), raw.stride(0) if raw is not None else 0,
+        pt, *pt_strides, pt_rows, pt_cols,
+        ptr(cu), cu.stride(0) if cu is not None else 0, (cu.shape[0] - 1) if cu is not None else 0,
+        ptr(offsets), offsets.stride(0) if offsets is not None else 0, page_bits,
+    ]
+    row_args = [ptr(score), score.stride(0), score.stride(1), width,
+                lengths, lengths.stride(0), ptr(row_starts), row_starts.stride(0) if row_starts is not None else 0]
+    flags = dict(HAS_ROW_STARTS=row_starts is not None, MODE=mode, DIRECT_REQUEST=direct_request,
+                 HAS_RAW=raw is not None, TOPK_BLOCK=next_power_of_2(topk), BLOCK=STREAM_BLOCK,
+                 REQUEST_BLOCK=REQUEST_BLOCK)
+    with device_guard(device):
+        if width <= ONESHOT_MAX:
+            block = max(16, next_power_of_2(width))
+            _topk_select_kernel[(rows,)](*row_args, *select_args, stand_in, stand_in, stand_in, 0, topk,
+                                         ONESHOT=True, CAPACITY=block, **flags, **_launch_options(block, True))
+            return
+        per_launch = min(rows, ROWS_PER_LAUNCH)
+        skey = torch.empty((per_launch, CAPACITY), dtype=torch.int32, device=device)
+        sidx = torch.empty((per_launch, CAPACITY), dtype=torch.int32, device=device)
+        meta = torch.empty((per_launch, 4), dtype=torch.int32, device=device)
+        options = _launch_options(max(GROUPS, CAPACITY))
+        select_options = _launch_options(CAPACITY, True)
+        for row0 in range(0, rows, per_launch):
+            grid = (min(per_launch, rows - row0),)
+            _topk_candidates_kernel[grid](*row_args, skey, sidx, meta, row0, topk,
+                                          HAS_ROW_STARTS=row_starts is not None, GROUPS=GROUPS, CAPACITY=CAPACITY,
+                                          BLOCK=STREAM_BLOCK, **options)
+            _topk_select_kernel[grid](*row_args, *select_args, skey, sidx, meta, row0, topk,
+                                      ONESHOT=False, CAPACITY=CAPACITY, **flags, **select_options)
+
+
+def fast_topk_v2(
+    score: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    row_starts: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Positions of the ``topk`` largest scores of each row's section (DeepSeek sparse attention's
+    indexer top-k; sgl-kernel-xpu drop-in).
+
+    Row ``b``'s section is ``score[b, s : s + n]`` with ``s = row_starts[b]`` (0 without
+    ``row_starts``) and ``n = lengths[b]``, clipped to the row (``s`` to ``[0, W]``, ``n`` to
+    ``[0, W - s]``: a length past the row, a negative length or start, never reads outside it).
+
+    Parameters
+    ----------
+    score : torch.Tensor
+        ``[B, W]`` fp32 (fp16 / bf16 taken as fp32) logits between each query row and the keys,
+        paged (one row per query, keys from column 0) or ragged (``row_starts``). Any strides.
+    lengths : torch.Tensor
+        ``[B]`` int32 (or int64): positions in each row's section.
+    topk : int
+        Positions to select per row, 1 to 2048 (upstream: 2048 only).
+    row_starts : torch.Tensor, optional
+        ``[B]`` int32 (or int64): first column of each row's section (ragged keys).
+    out : torch.Tensor, optional
+        ``[B, topk]`` int32 with a contiguous last dim to write the result into (this package's
+        extension; upstream allocates it). Every element is written.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, topk]`` int32 positions relative to the row's start. A row with ``n <= topk`` gives
+        ``0 .. n-1`` then ``-1`` (its scores are not read); a longer row gives exactly ``topk``
+        positions in ascending order: those whose score is above the ``topk``-th largest, then the
+        lowest positions among those equal to it (``+0 == -0``; NaN ranks below ``-inf``, selected
+        only where fewer than ``topk`` positions hold numbers).
+    """
+    rows, _, lengths = _check_rows("score", score, "lengths", lengths, row_starts)
+    topk = _check_topk(topk)
+    out = _output(out, rows, topk)
+    check_same_device(score=score, lengths=lengths, row_starts=row_starts, out=out)
+    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    _select(score, lengths, row_starts, topk, out)
+    return out
+
+
+def fast_topk_transform_fused(
+    score: torch.Tensor,
+    lengths: torch.Tensor,
+    page_table_size_1: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    topk: int,
+    row_starts: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`fast_topk_v2`'s selection mapped through a page-size-1 page table: entry ``i`` of row
+    ``b`` is ``page_table_size_1[r, j]`` for its selected position ``j`` (sgl-kernel-xpu drop-in).
+
+    Parameters
+    ----------
+    score, lengths, topk, row_starts
+        As :func:`fast_topk_v2` (``row_starts`` moves the section in ``score`` only: the page
+        table is read at the relative position ``j``).
+    page_table_size_1 : torch.Tensor
+        ``[R, C]`` int32 cache slot of each request's token positions (any strides). Its values are
+        copied, never followed; a position ``j >= C`` gives ``-1``.
+    cu_seqlens_q : torch.Tensor
+        ``[R + 1]`` int32 (or int64) query offsets: row ``b`` belongs to request ``r`` with
+        ``cu_seqlens_q[r] <= b < cu_seqlens_q[r + 1]`` (``R <= B``). As upstream, without
+        ``row_starts`` and with ``R == B`` (decode) row ``b`` reads request ``b`` directly; a row
+        inside no request reads request 0. Offsets out of order pick some request in ``[0, R)``.
+
+    out : torch.Tensor, optional
+        As :func:`fast_topk_v2`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, topk]`` int32 cache slots, ``-1`` for padding (rows with ``n < topk``).
+    """
+    rows, _, lengths = _check_rows("score", score, "lengths", lengths, row_starts)
+    topk = _check_topk(topk)
+    check_tensor("page_table_size_1", page_table_size_1, dtypes=(torch.int32,), ndim=2)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=INDEX_DTYPES, ndim=1)
+    n_req = cu_seqlens_q.shape[0] - 1
+    if n_req < 0 or n_req > rows:
+        raise ValueError(f"cu_seqlens_q must hold R + 1 offsets for R <= {rows} requests (score's rows), "
+                         f"got {cu_seqlens_q.shape[0]} entries")
+    if page_table_size_1.shape[0] != n_req:
+        raise ValueError(f"page_table_size_1 must have one row per request ({n_req}, from cu_seqlens_q), "
+                         f"got shape {list(page_table_size_1.shape)}")
+    out = _output(out, rows, topk)
+    check_same_device(score=score, lengths=lengths, page_table_size_1=page_table_size_1, cu_seqlens_q=cu_seqlens_q,
+                      row_starts=row_starts, out=out)
+    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    _select(score, lengths, row_starts, topk, out, mode=MODE_PAGE_TABLE, page_table=page_table_size_1,
+            cu=cu_seqlens_q, direct_request=row_starts is None and n_req == rows)
+    return out
+
+
+def fast_topk_transform_ragged_fused(
+    score: torch.Tensor,
+    lengths: torch.Tensor,
+    topk_indices_offset: torch.Tensor,
+    topk: int,
+    row_starts: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`fast_topk_v2`'s selection shifted into ragged KV: entry ``i`` of row ``b`` is
+    ``j + topk_indices_offset[b]`` for its selected position ``j`` (sgl-kernel-xpu drop-in).
+
+    Parameters
+    ----------
+    score, lengths, topk, row_starts
+        As :func:`fast_topk_v2`.
+    topk_indices_offset : torch.Tensor
+        ``[B]`` int32: where each row's keys start in the ragged KV (int32 sums wrap, as upstream's).
+    out : torch.Tensor, optional
+        As :func:`fast_topk_v2`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, topk]`` int32 ragged KV rows, ``-1`` for padding.
+    """
+    rows, _, lengths = _check_rows("score", score, "lengths", lengths, row_starts)
+    topk = _check_topk(topk)
+    check_tensor("topk_indices_offset", topk_indices_offset, dtypes=(torch.int32,), shape=(rows,))
+    out = _output(out, rows, topk)
+    check_same_device(score=score, lengths=lengths, topk_indices_offset=topk_indices_offset, row_starts=row_starts,
+                      out=out)
+    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    _select(score, lengths, row_starts, topk, out, mode=MODE_RAGGED, offsets=topk_indices_offset)
+    return out
+
+
+def topk_transform_512(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_tables: torch.Tensor,
+    out_page_indices: torch.Tensor,
+    page_size: int,
+    out_raw_indices: torch.Tensor | None = None,
+) -> None:
+    """Top-k of each row's first ``seq_lens[b]`` scores mapped through a paged table, written in
+    place (DeepSeek-V4's indexer; sgl-kernel-xpu's ``topk_transform_512``, ``topk`` up to 2048).
+
+    Entry ``i`` of row ``b`` is ``(page_tables[b, j // page_size] << log2(page_size)) |
+    (j % page_size)`` (int32, as upstream) for its selected position ``j``, chosen as in
+    :func:`fast_topk_v2` (section ``scores[b, :seq_lens[b]]``, clipped to the row).
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[B, W]`` fp32 (fp16 / bf16 taken as fp32) logits. Any strides.
+    seq_lens : torch.Tensor
+        ``[B]`` or ``[B, 1]`` int32 (or int64): positions per row.
+    page_tables : torch.Tensor
+        ``[B, P]`` int32 physical page of each logical page (any strides). Values are copied into
+        the result, never followed; a position whose page lies past column ``P`` gives ``-1``.
+    out_page_indices : torch.Tensor
+        ``[B, topk]`` int32, last dim contiguous: written with the cache slots, ``-1`` padding.
+        ``topk = out_page_indices.shape[1]``, 1 to 2048.
+    page_size : int
+        Tokens per page: a power of two from 1 to 2048.
+    out_raw_indices : torch.Tensor, optional
+        ``[B, topk]`` int32, last dim contiguous: written with the selected positions ``j``
+        (``-1`` padding).
+    """
+    rows, _, seq_lens = _check_rows("scores", scores, "seq_lens", seq_lens)
+    check_tensor("page_tables", page_tables, dtypes=(torch.int32,), ndim=2)
+    if page_tables.shape[0] != rows:
+        raise ValueError(f"page_tables must have one row per score row ({rows}), got shape {list(page_tables.shape)}")
+    check_tensor("out_page_indices", out_page_indices, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
+    if out_page_indices.shape[0] != rows:
+        raise ValueError(f"out_page_indices must have {rows} rows (scores' rows), got shape "
+                         f"{list(out_page_indices.shape)}")
+    topk = _check_topk(out_page_indices.shape[1], "out_page_indices.shape[1] (topk)")
+    page_size = check_page_size(page_size)
+    if out_raw_indices is not None:
+        check_tensor("out_raw_indices", out_raw_indices, dtypes=(torch.int32,), shape=(rows, topk),
+                     last_dim_contiguous=True)
+    check_same_device(scores=scores, seq_lens=seq_lens, page_tables=page_tables, out_page_indices=out_page_indices,
+                      out_raw_indices=out_raw_indices)
+    _select(scores, seq_lens, None, topk, out_page_indices, raw=out_raw_indices, mode=MODE_PAGED,
+            page_table=page_tables, page_bits=page_size.bit_length() - 1)
+
+
+def topk_transform_512_v2(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_tables: torch.Tensor,
+    out_page_indices: torch.Tensor,
+    page_size: int,
+    metadata: torch.Tensor,
+    out_raw_indices: torch.Tensor | None = None,
+) -> None:
+    """:func:`topk_transform_512` with sgl-kernel-xpu's ``_v2`` signature: ``metadata`` (upstream:
+    ``[B + 1, 2]`` int32 scheduling metadata) is taken and not used, as upstream's XPU kernel does."""
+    check_tensor("metadata", metadata)
+    topk_transform_512(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
