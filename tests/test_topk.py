@@ -34,6 +34,11 @@ PLANS = {
     "oneshot": dict(ONESHOT_MAX=1024),
     "two_kernel": dict(ONESHOT_MAX=16, GROUPS=64, CAPACITY=128, ROWS_PER_LAUNCH=3, STREAM_BLOCK=32),
     "stream": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=16, ROWS_PER_LAUNCH=2, STREAM_BLOCK=16),
+    # rows fewer than the interpreter's 4 units: up to 4 programs a row
+    "split": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=64, ROWS_PER_LAUNCH=2, STREAM_BLOCK=16, MAX_SPLITS=4,
+                  SPLIT_MIN_POSITIONS=24),
+    "split_stream": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=16, ROWS_PER_LAUNCH=3, STREAM_BLOCK=16, MAX_SPLITS=3,
+                         SPLIT_MIN_POSITIONS=16),
 }
 
 
@@ -323,7 +328,7 @@ def test_every_path_is_taken(plan_name):
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 real[grid](*args, **kwargs)
-                metas.append(args[10][:grid[0]].cpu().clone())  # [rows, 4]: candidates, bound, above bound
+                metas.append(args[11][:grid[0]].cpu().clone())  # [rows, 4]: candidates, bound, above bound
             return launch
 
     with plan(plan_name), pytest.MonkeyPatch.context() as mp:
@@ -342,6 +347,31 @@ def test_every_path_is_taken(plan_name):
 
 def topk_mod_capacity(plan_name: str) -> int:
     return PLANS[plan_name]["CAPACITY"]
+
+
+@pytest.mark.parametrize("plan_name", ["split", "split_stream"])
+def test_rows_split_over_programs(plan_name):
+    """Fewer rows than units: the group maxima from several programs a row (atomic max), each
+    program compacting its range; the select kernel joins the ranges in order."""
+    gen = torch.Generator().manual_seed(9)
+    score = torch.cat([make_scores(gen, 1, 300, kind) for kind in ("randn", "periodic", "ties")])
+    lengths = _i32([300, 250, 299])
+    grids = []
+    real = topk_mod._topk_group_max_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    with plan(plan_name), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(topk_mod, "_topk_group_max_kernel", Spy())
+        got = tx.fast_topk_v2(score, lengths, 8)
+        got_table = tx.fast_topk_transform_fused(score, lengths, _i32([[5 * j for j in range(300)]] * 3),
+                                                 _i32([0, 1, 2, 3]), 8)
+    assert grids and all(g[1] > 1 for g in grids), grids
+    assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, 8))
+    assert torch.equal(got_table.cpu().long(), torch.where(got.cpu() >= 0, 5 * got.cpu(), -1).long())
 
 
 def test_empty_inputs():

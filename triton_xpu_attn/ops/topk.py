@@ -24,9 +24,12 @@ int64 sum, ``_kth_largest``), on a register-resident set:
   reads the section once taking the running maximum of ``GROUPS`` strided groups (position ``j`` in
   group ``j % GROUPS``); the ``topk``-th largest group maximum ``v`` bounds the threshold from below
   (at least ``topk`` groups hold a score ``>= v``), and for scores without structure only about
-  ``0.3 * GROUPS`` positions reach it. A second read compacts the positions whose key is ``>= v``
+  ``GROUPS * ln(GROUPS / (GROUPS - topk))`` positions reach it (2800 for topk 2048), whatever the
+  row's width. A second read compacts the positions whose key is ``>= v``
   (and their keys) into scratch, in order. ``_topk_select_kernel`` then bisects over those
-  candidates. Where more than ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to
+  candidates. Fewer rows than the device has units are read by several programs each
+  (``_topk_group_max_kernel`` folds their groups' maxima with atomic max, then each program
+  compacts its own range). Where more than ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to
   defeat the groups) it streams the row instead: the threshold is ``v`` itself when fewer than
   ``topk`` keys exceed it, else found by bisection over the row (16 reads); one more read writes the
   selection. Exact in every case, fast in the common one.
@@ -59,18 +62,22 @@ from .._common import (
 #: the largest ``topk`` the ops take (upstream: 2048 for the ``fast_topk`` family, up to 2048 for
 #: the 512 variants)
 MAX_TOPK = 2048
-#: rows at most this wide are selected in one read, whole in registers (a power of two)
+#: rows at most this wide are selected in one read, whole in registers (a power of two <= 16384)
 ONESHOT_MAX = 8192
-#: strided groups whose maxima bound the threshold of a wider row (a power of two >= 2 * topk)
-GROUPS = 8192
-#: candidates a wider row keeps for the exact bisection (a power of two >= topk, <= 32768)
+#: strided groups whose maxima bound the threshold of a wider row (a power of two >= 2 * topk, <= 16384)
+GROUPS = 4096
+#: candidates a wider row keeps for the exact bisection (a power of two >= topk, <= 16384)
 CAPACITY = 8192
 #: rows per pair of launches of the two-kernel path (scratch: 8 * CAPACITY bytes a row)
 ROWS_PER_LAUNCH = 1024
 #: positions a streaming step reads at once (a power of two <= 16384: counts share int32 fields)
-STREAM_BLOCK = 4096
+STREAM_BLOCK = 8192
 #: requests a step of the row -> request search reads (``cu_seqlens_q``)
 REQUEST_BLOCK = 1024
+#: few wide rows are read by up to this many programs each (splits of one row)
+MAX_SPLITS = 32
+#: ... each reading at least this many positions
+SPLIT_MIN_POSITIONS = 16384
 
 # what the transform does with a selected position j (kernel constexpr MODE)
 MODE_INDEX, MODE_PAGE_TABLE, MODE_RAGGED, MODE_PAGED = 0, 1, 2, 3
@@ -96,22 +103,22 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_largest(keys, valid, k):
-    """The ``k``-th largest of ``keys`` where ``valid`` (int32 scalar): the largest ``t`` with
-    ``#{valid, key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). Two bits a step,
-    sixteen steps, each one reduction of three counts packed in int64 (16-bit fields: at most 65535
-    valid keys)."""
+def _kth_largest(keys, k):
+    """The ``k``-th largest of ``keys`` (int32 scalar; entries that do not count hold
+    ``_I32_MIN``, which no candidate threshold reaches): the largest ``t`` with
+    ``#{key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). Two bits a step, sixteen
+    steps, each one reduction of three counts packed in int64 (21-bit fields)."""
     t = _zero(tl.int64) - 2147483648  # offset 0 in unsigned order
     for step in range(16):
         unit = (_zero(tl.int64) + 1) << (30 - 2 * step)
         c1 = (t + unit).to(tl.int32)
         c2 = (t + 2 * unit).to(tl.int32)
         c3 = (t + 3 * unit).to(tl.int32)
-        packed = ((valid & (keys >= c1)).to(tl.int64) + ((valid & (keys >= c2)).to(tl.int64) << 16)
-                  + ((valid & (keys >= c3)).to(tl.int64) << 32))
+        packed = ((keys >= c1).to(tl.int64) + ((keys >= c2).to(tl.int64) << 21)
+                  + ((keys >= c3).to(tl.int64) << 42))
         total = tl.sum(packed, axis=0)
-        d = tl.where((total >> 32) >= k, 3, tl.where(((total >> 16) & 0xFFFF) >= k, 2,
-                                                        tl.where((total & 0xFFFF) >= k, 1, 0)))
+        d = tl.where((total >> 42) >= k, 3, tl.where(((total >> 21) & 0x1FFFFF) >= k, 2,
+                                                        tl.where((total & 0x1FFFFF) >= k, 1, 0)))
         t = t + d.to(tl.int64) * unit
     return t.to(tl.int32)
 
@@ -225,47 +232,109 @@ def _stream_emit(row_ptr, stride_sc, n, t, k, out_row, raw_row, pt_row, stride_p
 
 
 @triton.jit
+def _group_maxima(base, stride_sc, n, first, step, GROUPS: tl.constexpr):
+    """Running maxima of the keys of positions ``j % GROUPS``, over the chunks of ``GROUPS``
+    positions from ``first`` every ``step`` positions (two chunks' loads in flight at a time)."""
+    g = tl.arange(0, GROUPS)
+    acc = tl.full([GROUPS], _I32_MIN, dtype=tl.int32)
+    for c in range(first, n, 2 * step):
+        ok0 = c + g < n
+        ok1 = c + step + g < n
+        x0 = tl.load(base + (c + g).to(tl.int64) * stride_sc, mask=ok0, other=0.0)
+        x1 = tl.load(base + (c + step + g).to(tl.int64) * stride_sc, mask=ok1, other=0.0)
+        acc = tl.maximum(acc, tl.maximum(tl.where(ok0, _order_key(x0), _I32_MIN), tl.where(ok1, _order_key(x1), _I32_MIN)))
+    return acc
+
+
+@triton.jit
+def _topk_group_max_kernel(
+    score_ptr, stride_sr, stride_sc, width, len_ptr, stride_len, rs_ptr, stride_rs,
+    max_ptr,  # [rows, GROUPS] int32, filled with the lowest key: the groups' maxima (atomic max)
+    row0, topk,
+    HAS_ROW_STARTS: tl.constexpr, GROUPS: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """Program ``(r, p)``: split ``p`` of row ``row0 + r`` (every ``SPLITS``-th chunk of
+    ``GROUPS`` positions) folded into the row's group maxima."""
+    r = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    row = row0 + r
+    n, start = _section(len_ptr, stride_len, rs_ptr, stride_rs, row, width, HAS_ROW_STARTS)
+    if n > topk:
+        acc = _group_maxima(score_ptr + row * stride_sr + start * stride_sc, stride_sc, n, p * GROUPS,
+                            SPLITS * GROUPS, GROUPS)
+        tl.atomic_max(max_ptr + r * GROUPS + tl.arange(0, GROUPS), acc, sem="relaxed")
+
+
+@triton.jit
 def _topk_candidates_kernel(
     score_ptr, stride_sr, stride_sc, width,  # [B, W] scores
     len_ptr, stride_len, rs_ptr, stride_rs,  # [B] lengths, [B] row starts (read when HAS_ROW_STARTS)
-    skey_ptr, sidx_ptr,  # [rows, CAPACITY] int32 scratch: candidates' keys and positions
-    meta_ptr,  # [rows, 4] int32 scratch: candidates, bound v, keys above v
+    max_ptr,  # [rows, GROUPS] int32 group maxima (SPLITS > 1: the group-max kernel's)
+    skey_ptr, sidx_ptr,  # [rows * SPLITS, CAPACITY] int32 scratch: candidates' keys and positions
+    meta_ptr,  # [rows * SPLITS, 4] int32 scratch: candidates, bound v, keys above v
     row0, topk,
     HAS_ROW_STARTS: tl.constexpr, GROUPS: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    """One program per row ``row0 + program_id(0)`` wider than ``topk``: the bound ``v`` from the
-    strided groups' maxima, then the positions with key ``>= v`` compacted in order (the first
-    ``CAPACITY`` of them) and counted."""
+    """Program ``(r, p)`` for row ``row0 + r`` wider than ``topk``: the bound ``v`` from the
+    strided groups' maxima, then the positions of split ``p`` (a contiguous range) with key
+    ``>= v`` compacted in order (the first ``CAPACITY`` of them) and counted."""
     r = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
     row = row0 + r
+    region = r * SPLITS + p
     n, start = _section(len_ptr, stride_len, rs_ptr, stride_rs, row, width, HAS_ROW_STARTS)
     if n > topk:
         base = score_ptr + row * stride_sr + start * stride_sc
         g = tl.arange(0, GROUPS)
-        acc = tl.full([GROUPS], _I32_MIN, dtype=tl.int32)
-        for c in range(0, n, GROUPS):
-            ok = c + g < n
-            key = _order_key(tl.load(base + (c + g).to(tl.int64) * stride_sc, mask=ok, other=0.0))
-            acc = tl.maximum(acc, tl.where(ok, key, _I32_MIN))
-        v = _kth_largest(acc, g < GROUPS, topk)
+        if SPLITS == 1:
+            acc = _group_maxima(base, stride_sc, n, 0, GROUPS, GROUPS)
+        else:
+            acc = tl.load(max_ptr + r * GROUPS + g)
+        v = _kth_largest(acc, topk)
+        span = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
+        lo = p * span
+        hi = tl.minimum(lo + span, n)
         b = tl.arange(0, BLOCK)
         m = _zero(tl.int32)
         above = _zero(tl.int32)
-        for c in range(0, n, BLOCK):
+        for c in range(lo, hi, BLOCK):
             j = c + b
-            ok = j < n
+            ok = j < hi
             key = _order_key(tl.load(base + j.to(tl.int64) * stride_sc, mask=ok, other=0.0))
             packed = (ok & (key >= v)).to(tl.int32) + ((ok & (key > v)).to(tl.int32) << 16)
             pos = m + (tl.cumsum(packed, axis=0) & 0xFFFF) - 1
             keep = ((packed & 1) != 0) & (pos < CAPACITY)
-            tl.store(skey_ptr + r * CAPACITY + pos, key, mask=keep)
-            tl.store(sidx_ptr + r * CAPACITY + pos, j, mask=keep)
+            tl.store(skey_ptr + region * CAPACITY + pos, key, mask=keep)
+            tl.store(sidx_ptr + region * CAPACITY + pos, j, mask=keep)
             total = tl.sum(packed, axis=0)
             m += total & 0xFFFF
             above += total >> 16
-        tl.store(meta_ptr + r * 4, m)
-        tl.store(meta_ptr + r * 4 + 1, v)
-        tl.store(meta_ptr + r * 4 + 2, above)
+        tl.store(meta_ptr + region * 4, m)
+        tl.store(meta_ptr + region * 4 + 1, v)
+        tl.store(meta_ptr + region * 4 + 2, above)
+
+
+@triton.jit
+def _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, k, out_row, raw_row, pt_row, stride_ptc, pt_cols, offset,
+                       page_bits, MODE: tl.constexpr, HAS_RAW: tl.constexpr, CAPACITY: tl.constexpr, SIZE: tl.constexpr,
+                       SPLITS: tl.constexpr):
+    """The ``k`` selected of row ``r``'s ``m <= SIZE`` candidates (the splits' scratch regions of
+    ``CAPACITY`` entries, joined in order: positions ascending)."""
+    i = tl.arange(0, SIZE)
+    keys = tl.full([SIZE], _I32_MIN, dtype=tl.int32)
+    idx = tl.zeros([SIZE], dtype=tl.int32)
+    first = _zero(tl.int32)
+    for p in range(SPLITS):
+        region = r * SPLITS + p
+        count = tl.load(meta_ptr + region * 4)
+        inside = (i >= first) & (i < first + count)
+        keys = tl.where(inside, tl.load(skey_ptr + region * CAPACITY + (i - first), mask=inside), keys)
+        idx = tl.where(inside, tl.load(sidx_ptr + region * CAPACITY + (i - first), mask=inside), idx)
+        first += count
+    t = _kth_largest(keys, k)
+    _emit_selected(keys, idx, i < m, t, k, out_row, raw_row, pt_row, stride_ptc, pt_cols, offset, page_bits, MODE,
+                   HAS_RAW)
 
 
 @triton.jit
@@ -282,7 +351,7 @@ def _topk_select_kernel(
     row0, topk,
     HAS_ROW_STARTS: tl.constexpr, MODE: tl.constexpr, DIRECT_REQUEST: tl.constexpr, HAS_RAW: tl.constexpr,
     ONESHOT: tl.constexpr, CAPACITY: tl.constexpr, TOPK_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-    REQUEST_BLOCK: tl.constexpr,
+    REQUEST_BLOCK: tl.constexpr, SPLITS: tl.constexpr,
 ):
     """One program per row ``row0 + program_id(0)``: its ``topk`` output slots. ``ONESHOT``: the
     section (at most ``CAPACITY`` positions) is read whole; else the candidates kernel's scratch is
@@ -323,47 +392,58 @@ def _topk_select_kernel(
         if ONESHOT:
             valid = i < n
             keys = _order_key(tl.load(row_ptr + i.to(tl.int64) * stride_sc, mask=valid, other=0.0))
-            t = _kth_largest(keys, valid, topk)
+            keys = tl.where(valid, keys, _I32_MIN)
+            t = _kth_largest(keys, topk)
             _emit_selected(keys, i, valid, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset, page_bits,
                            MODE, HAS_RAW)
         else:
-            m = tl.load(meta_ptr + r * 4)
-            if m <= CAPACITY:
-                valid = i < m
-                keys = tl.load(skey_ptr + r * CAPACITY + i, mask=valid, other=_I32_MIN)
-                idx = tl.load(sidx_ptr + r * CAPACITY + i, mask=valid, other=0)
-                t = _kth_largest(keys, valid, topk)
-                _emit_selected(keys, idx, valid, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset,
-                               page_bits, MODE, HAS_RAW)
+            m = _zero(tl.int32)
+            above = _zero(tl.int32)
+            for p in range(SPLITS):
+                m += tl.load(meta_ptr + (r * SPLITS + p) * 4)
+                above += tl.load(meta_ptr + (r * SPLITS + p) * 4 + 2)
+            if m <= CAPACITY // 2:  # the common case (unstructured scores: ~2800 for topk 2048): half the work
+                _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, topk, out_row, raw_row, pt_row, stride_ptc, cols,
+                                   offset, page_bits, MODE, HAS_RAW, CAPACITY, CAPACITY // 2, SPLITS)
+            elif m <= CAPACITY:
+                _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, topk, out_row, raw_row, pt_row, stride_ptc, cols,
+                                   offset, page_bits, MODE, HAS_RAW, CAPACITY, CAPACITY, SPLITS)
             else:
-                t = tl.load(meta_ptr + r * 4 + 1)
-                if tl.load(meta_ptr + r * 4 + 2) >= topk:  # the threshold lies above the bound
+                t = tl.load(meta_ptr + r * SPLITS * 4 + 1)
+                if above >= topk:  # the threshold lies above the bound
                     t = _stream_kth_largest(row_ptr, stride_sc, n, topk, BLOCK)
                 _stream_emit(row_ptr, stride_sc, n, t, topk, out_row, raw_row, pt_row, stride_ptc, cols, offset,
                              page_bits, MODE, HAS_RAW, BLOCK)
 
 
 def _register_compile_variants():
-    common = dict(
+    rows = dict(
         score_ptr="*fp32", stride_sr="i64", stride_sc="i32", width="i32",
-        len_ptr="*i32", stride_len="i32", rs_ptr="*i32", stride_rs="i32",
-        skey_ptr="*i32", sidx_ptr="*i32", meta_ptr="*i32", row0="i32", topk="i32", HAS_ROW_STARTS=True,
+        len_ptr="*i32", stride_len="i32", rs_ptr="*i32", stride_rs="i32", row0="i32", topk="i32", HAS_ROW_STARTS=True,
     )
+    scratch = dict(skey_ptr="*i32", sidx_ptr="*i32", meta_ptr="*i32")
     select = dict(
-        common, out_ptr="*i32", stride_or="i32", raw_ptr="*i32", stride_rr="i32",
+        rows, **scratch, out_ptr="*i32", stride_or="i32", raw_ptr="*i32", stride_rr="i32",
         pt_ptr="*i32", stride_ptr="i64", stride_ptc="i32", pt_rows="i32", pt_cols="i32",
         cu_ptr="*i32", stride_cu="i32", n_req="i32", off_ptr="*i32", stride_off="i32", page_bits="i32",
-        DIRECT_REQUEST=False, HAS_RAW=False, TOPK_BLOCK=2048, BLOCK=STREAM_BLOCK, REQUEST_BLOCK=REQUEST_BLOCK,
+        DIRECT_REQUEST=False, HAS_RAW=False, TOPK_BLOCK=2048, BLOCK=STREAM_BLOCK, REQUEST_BLOCK=REQUEST_BLOCK, SPLITS=1,
     )
     opts = _options(max(GROUPS, CAPACITY), "xpu")
-    register_xpu_compile(_topk_candidates_kernel, f"groups{GROUPS},cap{CAPACITY},row_starts",
-                         dict(common, GROUPS=GROUPS, CAPACITY=CAPACITY, BLOCK=STREAM_BLOCK), **opts)
+    register_xpu_compile(_topk_group_max_kernel, f"groups{GROUPS},splits8,row_starts",
+                         dict(rows, max_ptr="*i32", GROUPS=GROUPS, SPLITS=8), **opts)
+    for splits in (1, 8):
+        register_xpu_compile(_topk_candidates_kernel, f"groups{GROUPS},cap{CAPACITY},splits{splits},row_starts",
+                             dict(rows, **scratch, max_ptr="*i32", GROUPS=GROUPS, CAPACITY=CAPACITY, BLOCK=STREAM_BLOCK,
+                                  SPLITS=splits), **opts)
     for mode, label in ((MODE_INDEX, "index"), (MODE_PAGE_TABLE, "page_table"), (MODE_RAGGED, "ragged")):
         register_xpu_compile(_topk_select_kernel, f"{label},oneshot{ONESHOT_MAX},row_starts",
                              dict(select, MODE=mode, ONESHOT=True, CAPACITY=ONESHOT_MAX), **_options(ONESHOT_MAX, "xpu"))
         register_xpu_compile(_topk_select_kernel, f"{label},cap{CAPACITY},row_starts",
                              dict(select, MODE=mode, ONESHOT=False, CAPACITY=CAPACITY), **opts)
-    paged = dict(select, MODE=MODE_PAGED, HAS_ROW_STARTS=False, HAS_RAW=True, rs_ptr=None, stride_rs="i32")
+    register_xpu_compile(_topk_select_kernel, f"page_table,cap{CAPACITY},splits8",
+                         dict(select, MODE=MODE_PAGE_TABLE, ONESHOT=False, CAPACITY=CAPACITY, SPLITS=8,
+                              HAS_ROW_STARTS=False, rs_ptr=None, DIRECT_REQUEST=True), **opts)
+    paged = dict(select, MODE=MODE_PAGED, HAS_ROW_STARTS=False, HAS_RAW=True, rs_ptr=None)
     register_xpu_compile(_topk_select_kernel, f"paged,raw,oneshot{ONESHOT_MAX}",
                          dict(paged, ONESHOT=True, CAPACITY=ONESHOT_MAX), **_options(ONESHOT_MAX, "xpu"))
     register_xpu_compile(_topk_select_kernel, f"paged,raw,cap{CAPACITY}",
@@ -449,21 +529,38 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         if width <= ONESHOT_MAX:
             block = max(16, next_power_of_2(width))
             _topk_select_kernel[(rows,)](*row_args, *select_args, stand_in, stand_in, stand_in, 0, topk,
-                                         ONESHOT=True, CAPACITY=block, **flags, **_launch_options(block, True))
+                                         ONESHOT=True, CAPACITY=block, SPLITS=1, **flags, **_launch_options(block, True))
             return
         per_launch = min(rows, ROWS_PER_LAUNCH)
-        skey = torch.empty((per_launch, CAPACITY), dtype=torch.int32, device=device)
-        sidx = torch.empty((per_launch, CAPACITY), dtype=torch.int32, device=device)
-        meta = torch.empty((per_launch, 4), dtype=torch.int32, device=device)
+        splits = _splits(rows, width, device)
+        regions = per_launch * splits
+        skey = torch.empty((regions, CAPACITY), dtype=torch.int32, device=device)
+        sidx = torch.empty((regions, CAPACITY), dtype=torch.int32, device=device)
+        meta = torch.empty((regions, 4), dtype=torch.int32, device=device)
+        maxima = torch.empty((per_launch, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
         options = _launch_options(max(GROUPS, CAPACITY))
         select_options = _launch_options(CAPACITY, True)
         for row0 in range(0, rows, per_launch):
-            grid = (min(per_launch, rows - row0),)
-            _topk_candidates_kernel[grid](*row_args, skey, sidx, meta, row0, topk,
-                                          HAS_ROW_STARTS=row_starts is not None, GROUPS=GROUPS, CAPACITY=CAPACITY,
-                                          BLOCK=STREAM_BLOCK, **options)
-            _topk_select_kernel[grid](*row_args, *select_args, skey, sidx, meta, row0, topk,
-                                      ONESHOT=False, CAPACITY=CAPACITY, **flags, **select_options)
+            count = min(per_launch, rows - row0)
+            if splits > 1:
+                maxima.fill_(-(2**31))
+                _topk_group_max_kernel[(count, splits)](*row_args, maxima, row0, topk, HAS_ROW_STARTS=row_starts is not None,
+                                                        GROUPS=GROUPS, SPLITS=splits, **options)
+            _topk_candidates_kernel[(count, splits)](*row_args, maxima, skey, sidx, meta, row0, topk,
+                                                     HAS_ROW_STARTS=row_starts is not None, GROUPS=GROUPS,
+                                                     CAPACITY=CAPACITY, BLOCK=STREAM_BLOCK, SPLITS=splits, **options)
+            _topk_select_kernel[(count,)](*row_args, *select_args, skey, sidx, meta, row0, topk,
+                                          ONESHOT=False, CAPACITY=CAPACITY, SPLITS=splits, **flags, **select_options)
+
+
+def _splits(rows: int, width: int, device) -> int:
+    """Programs per row of the two-kernel path: one, or for fewer rows than the device has units,
+    enough that the grid covers about two programs a unit, each reading at least
+    ``SPLIT_MIN_POSITIONS`` of the widest possible section (at most ``MAX_SPLITS``)."""
+    units = _device.compute_units(device)
+    if rows >= units:
+        return 1
+    return max(1, min(MAX_SPLITS, 2 * units // rows, width // SPLIT_MIN_POSITIONS))
 
 
 def fast_topk_v2(
