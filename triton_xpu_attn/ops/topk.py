@@ -492,10 +492,13 @@ def _check_rows(score_name: str, score, lengths_name: str, lengths, row_starts=N
     return rows, width, lengths
 
 
-def _output(out, rows: int, topk: int):
+def _output(out, rows: int, topk: int, **inputs) -> torch.Tensor:
+    """``out`` checked (``[rows, topk]`` int32, last dim contiguous) or allocated, on the inputs'
+    device (checked)."""
     if out is not None:
         check_tensor("out", out, dtypes=(torch.int32,), shape=(rows, topk), last_dim_contiguous=True)
-    return out
+    device = check_same_device(**inputs, out=out)
+    return out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=device)
 
 
 def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX, page_table=None, cu=None,
@@ -604,9 +607,7 @@ def fast_topk_v2(
     """
     rows, _, lengths = _check_rows("score", score, "lengths", lengths, row_starts)
     topk = _check_topk(topk)
-    out = _output(out, rows, topk)
-    check_same_device(score=score, lengths=lengths, row_starts=row_starts, out=out)
-    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    out = _output(out, rows, topk, score=score, lengths=lengths, row_starts=row_starts)
     _select(score, lengths, row_starts, topk, out)
     return out
 
@@ -637,7 +638,6 @@ def fast_topk_transform_fused(
         ``cu_seqlens_q[r] <= b < cu_seqlens_q[r + 1]`` (``R <= B``). As upstream, without
         ``row_starts`` and with ``R == B`` (decode) row ``b`` reads request ``b`` directly; a row
         inside no request reads request 0. Offsets out of order pick some request in ``[0, R)``.
-
     out : torch.Tensor, optional
         As :func:`fast_topk_v2`.
 
@@ -657,10 +657,8 @@ def fast_topk_transform_fused(
     if page_table_size_1.shape[0] != n_req:
         raise ValueError(f"page_table_size_1 must have one row per request ({n_req}, from cu_seqlens_q), "
                          f"got shape {list(page_table_size_1.shape)}")
-    out = _output(out, rows, topk)
-    check_same_device(score=score, lengths=lengths, page_table_size_1=page_table_size_1, cu_seqlens_q=cu_seqlens_q,
-                      row_starts=row_starts, out=out)
-    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    out = _output(out, rows, topk, score=score, lengths=lengths, page_table_size_1=page_table_size_1,
+                  cu_seqlens_q=cu_seqlens_q, row_starts=row_starts)
     _select(score, lengths, row_starts, topk, out, mode=MODE_PAGE_TABLE, page_table=page_table_size_1,
             cu=cu_seqlens_q, direct_request=row_starts is None and n_req == rows)
     return out
@@ -695,10 +693,8 @@ def fast_topk_transform_ragged_fused(
     rows, _, lengths = _check_rows("score", score, "lengths", lengths, row_starts)
     topk = _check_topk(topk)
     check_tensor("topk_indices_offset", topk_indices_offset, dtypes=(torch.int32,), shape=(rows,))
-    out = _output(out, rows, topk)
-    check_same_device(score=score, lengths=lengths, topk_indices_offset=topk_indices_offset, row_starts=row_starts,
-                      out=out)
-    out = out if out is not None else torch.empty((rows, topk), dtype=torch.int32, device=score.device)
+    out = _output(out, rows, topk, score=score, lengths=lengths, topk_indices_offset=topk_indices_offset,
+                  row_starts=row_starts)
     _select(score, lengths, row_starts, topk, out, mode=MODE_RAGGED, offsets=topk_indices_offset)
     return out
 
