@@ -374,6 +374,25 @@ def test_rows_split_over_programs(plan_name):
     assert torch.equal(got_table.cpu().long(), torch.where(got.cpu() >= 0, 5 * got.cpu(), -1).long())
 
 
+@pytest.mark.parametrize("plan_name", ["default", "two_kernel", "split"])
+def test_strided_scores_and_int64_metadata(plan_name):
+    """Scores with a column stride (a transposed view) and int64 lengths / row starts / offsets
+    give what contiguous scores and int32 metadata give."""
+    gen = torch.Generator().manual_seed(4)
+    base = torch.randn(120, 3, generator=gen).to(DEVICE)
+    score = base.t()  # [3, 120], column stride 3
+    lengths, starts = torch.tensor([120, 70, 99], device=DEVICE), torch.tensor([0, 30, -5], device=DEVICE)
+    table = torch.randint(0, 10**6, (1, 120), generator=gen, dtype=torch.int32).to(DEVICE)
+    cu = torch.tensor([0, 3], device=DEVICE)
+    with plan(plan_name):
+        got = tx.fast_topk_v2(score, lengths, 9, starts)
+        mapped = tx.fast_topk_transform_fused(score, lengths, table, cu, 9, starts)
+        plain = tx.fast_topk_v2(score.contiguous(), lengths.int(), 9, starts.int())
+    assert torch.equal(got, plain)
+    assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, 9, starts))
+    assert torch.equal(mapped.cpu().long(), ref.topk_transform_page_table(score, lengths, table, cu, 9, starts))
+
+
 def test_empty_inputs():
     assert tx.fast_topk_v2(torch.empty(0, 5, device=DEVICE), _i32([]), 4).shape == (0, 4)
     got = tx.fast_topk_v2(torch.empty(2, 0, device=DEVICE), _i32([3, 0]), 4)

@@ -25,14 +25,14 @@ int64 sum, ``_kth_largest``), on a register-resident set:
   group ``j % GROUPS``); the ``topk``-th largest group maximum ``v`` bounds the threshold from below
   (at least ``topk`` groups hold a score ``>= v``), and for scores without structure only about
   ``GROUPS * ln(GROUPS / (GROUPS - topk))`` positions reach it (2800 for topk 2048), whatever the
-  row's width. A second read compacts the positions whose key is ``>= v``
-  (and their keys) into scratch, in order. ``_topk_select_kernel`` then bisects over those
-  candidates. Fewer rows than the device has units are read by several programs each
-  (``_topk_group_max_kernel`` folds their groups' maxima with atomic max, then each program
-  compacts its own range). Where more than ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to
-  defeat the groups) it streams the row instead: the threshold is ``v`` itself when fewer than
-  ``topk`` keys exceed it, else found by bisection over the row (16 reads); one more read writes the
-  selection. Exact in every case, fast in the common one.
+  row's width. A second read compacts the positions whose key is ``>= v`` (and their keys) into
+  scratch, in order; ``_topk_select_kernel`` then bisects over those candidates. Fewer rows than
+  the device has units are read by several programs each (``_topk_group_max_kernel`` folds their
+  groups' maxima with atomic max, then each program compacts its own range). Where more than
+  ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to defeat the groups) the select
+  kernel streams the row instead: the threshold is ``v`` itself when fewer than ``topk`` keys
+  exceed it, else found by bisection over the row (16 reads); one more read writes the selection.
+  Exact in every case, fast in the common one.
 
 The transform of a selected position ``j`` (and of ``0 .. n-1`` in short rows) happens where the
 position is written: no page-table entry is read for a position that is not selected, none outside
