@@ -15,8 +15,8 @@ mapped through a paged table (the 512 variants). The selection contract (``refer
   ``topk`` positions hold numbers.
 
 Kernels compare order-preserving int32 keys of the fp32 scores (``_order_key``). The ``topk``-th
-largest key is found by bisection over the key bits, two bits a step (three counts packed in one
-int64 sum, ``_kth_largest``), on a register-resident set:
+largest key is found by bisection over the key bits (``_kth_largest``, one bit a step) on a
+register-resident set:
 
 * rows no wider than ``ONESHOT_MAX`` (``_topk_select_kernel`` with ``ONESHOT``): the whole section,
   one program per row, one read of the scores;
@@ -106,20 +106,13 @@ def _order_key(x):
 def _kth_largest(keys, k):
     """The ``k``-th largest of ``keys`` (int32 scalar; entries that do not count hold
     ``_I32_MIN``, which no candidate threshold reaches): the largest ``t`` with
-    ``#{key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). Two bits a step, sixteen
-    steps, each one reduction of three counts packed in int64 (21-bit fields)."""
+    ``#{key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). One bit a step: a compare
+    and an int32 count per key (a third of the work of two-bit steps with packed counts)."""
     t = _zero(tl.int64) - 2147483648  # offset 0 in unsigned order
-    for step in range(16):
-        unit = (_zero(tl.int64) + 1) << (30 - 2 * step)
-        c1 = (t + unit).to(tl.int32)
-        c2 = (t + 2 * unit).to(tl.int32)
-        c3 = (t + 3 * unit).to(tl.int32)
-        packed = ((keys >= c1).to(tl.int64) + ((keys >= c2).to(tl.int64) << 21)
-                  + ((keys >= c3).to(tl.int64) << 42))
-        total = tl.sum(packed, axis=0)
-        d = tl.where((total >> 42) >= k, 3, tl.where(((total >> 21) & 0x1FFFFF) >= k, 2,
-                                                        tl.where((total & 0x1FFFFF) >= k, 1, 0)))
-        t = t + d.to(tl.int64) * unit
+    for step in range(32):
+        c = t + ((_zero(tl.int64) + 1) << (31 - step))
+        count = tl.sum((keys >= c.to(tl.int32)).to(tl.int32), axis=0)
+        t = tl.where(count >= k, c, t)
     return t.to(tl.int32)
 
 
@@ -177,7 +170,8 @@ def _emit_selected(keys, idx, valid, t, k, out_row, raw_row, pt_row, stride_ptc,
 
 @triton.jit
 def _stream_kth_largest(row_ptr, stride_sc, n, k, BLOCK: tl.constexpr):
-    """``_kth_largest`` over a whole section read from memory: one read a two-bit step."""
+    """``_kth_largest`` over a whole section read from memory: two bits a step (three counts packed
+    in int64, 21-bit fields per block), one read a step."""
     t = _zero(tl.int64) - 2147483648
     b = tl.arange(0, BLOCK)
     for step in range(16):
@@ -450,22 +444,17 @@ def _register_compile_variants():
                          dict(paged, ONESHOT=False, CAPACITY=CAPACITY), **opts)
 
 
-def _options(block: int, backend: str | None = None, select: bool = False) -> dict:
+def _options(block: int, backend: str | None = None) -> dict:
     """Launch options for a kernel whose register-resident set holds ``block`` keys: enough warps
     that each thread keeps at most 16 of them (at least 4 warps). XPU: 16-lane sub-groups, 256
-    registers (0 B spilled, tables above). CUDA: the select kernel of 8192 keys may take 128
-    registers a thread (ptxas settles on 64 and spills 16-96 B otherwise: Triton 3.9, sm_90)."""
-    backend = backend or _device.backend()
-    if backend == "xpu":
+    registers (0 B spilled: the native-code table)."""
+    if (backend or _device.backend()) == "xpu":
         return dict(num_warps=min(32, max(4, block // 256)), num_stages=1, grf_mode=_device.xpu_large_grf_mode())
-    opts = dict(num_warps=min(16, max(4, block // 512)), num_stages=1)
-    if select and block >= 8192:
-        opts["maxnreg"] = 128
-    return opts
+    return dict(num_warps=min(16, max(4, block // 512)), num_stages=1)
 
 
-def _launch_options(block: int, select: bool = False) -> dict:
-    return tune.launch_options(_options(block, select=select))
+def _launch_options(block: int) -> dict:
+    return tune.launch_options(_options(block))
 
 
 _register_compile_variants()
@@ -532,7 +521,7 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         if width <= ONESHOT_MAX:
             block = max(16, next_power_of_2(width))
             _topk_select_kernel[(rows,)](*row_args, *select_args, stand_in, stand_in, stand_in, 0, topk,
-                                         ONESHOT=True, CAPACITY=block, SPLITS=1, **flags, **_launch_options(block, True))
+                                         ONESHOT=True, CAPACITY=block, SPLITS=1, **flags, **_launch_options(block))
             return
         per_launch = min(rows, ROWS_PER_LAUNCH)
         splits = _splits(rows, width, device)
@@ -542,7 +531,7 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         meta = torch.empty((regions, 4), dtype=torch.int32, device=device)
         maxima = torch.empty((per_launch, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
         options = _launch_options(max(GROUPS, CAPACITY))
-        select_options = _launch_options(CAPACITY, True)
+        select_options = _launch_options(CAPACITY)
         for row0 in range(0, rows, per_launch):
             count = min(per_launch, rows - row0)
             if splits > 1:
