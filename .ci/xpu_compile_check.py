@@ -34,7 +34,10 @@ kernel asks for no mode and spills more than 1000 bytes), GRF, SLM, instructions
 loads/stores, DPAS and gathers. It fails when an attention kernel (a variant with dots, or a config
 of a config file) spills more than its allowance (``SPILL_ALLOWANCE``: 0 but for the recorded misses)
 or a variant declared to read K/V in 2D (``block_2d``) has no 2D block read. ``--table PATH`` writes
-the table (bench/results/xpu_codegen.md). Exit status 1 on any failure.
+the table (bench/results/xpu_codegen.md); a variant that declares a launch (``register_xpu_compile(launch=)``)
+also gets the work of that launch there: DPAS multiply-adds and K/V bytes of all its programs beside
+the algorithm's minimum, and the spill traffic of one loop iteration (``launch_work``). Exit status 1
+on any failure.
 See shared/notes/xpu_compile.md and xpu_native.md for the recipes.
 """
 from __future__ import annotations
@@ -206,6 +209,11 @@ SPILL_ALLOWANCE = [
      "(8.4-8.8 KB at 8-32 warps with one score dot). With the score dot in 128-column chunks on 32-key tiles: "
      "pvc 0 B, bmg 1.2-1.4 KB (its byte gathers; 64-column chunks and 8-32 warps the same); 16-key tiles "
      "(16-token pages: a block-pointer tile lies in one page) 4.5-4.6 KB"),
+    ("_mla_attention_kernel", lambda c, label: c.get("BLOCK_DV") == 128 and c.get("R") == 512 and c.get("LATENT_CHUNK", 0) > 0,
+     3 * 1024,
+     "R = 512 decode at 16-32 rows in 128-channel slices (mla.xpu_tiles, the cost model's pick: "
+     "bench/results/xpu/cost_model.md): 2.0-2.9 KB, about 3 KB of spill traffic a thread per key tile, "
+     "beside 64-channel slices (0 B) that read the latent tile 8 times instead of 4"),
 ]
 
 
@@ -463,6 +471,24 @@ def native_job(ocloc, job: Job, r: dict) -> dict:
     return dict(first=first, final=final, problems=problems)
 
 
+def launch_work(job, native) -> dict | None:
+    """The work of the launch a registered variant declares (``register_xpu_compile(launch=)``),
+    from its native code: DPAS multiply-adds (the key loop's, per thread and iteration, times the
+    warps, the iterations and the programs) and K/V bytes loaded (per program and iteration times
+    the same), each beside the algorithm's minimum, and the spill + fill bytes of one iteration of
+    one program (all its threads). None for config-file compiles and variants without a launch."""
+    if job.source != "registry" or job.variant.launch is None:
+        return None
+    shape = job.variant.launch({**job.variant.constexprs, **job.constexprs})
+    warps = job.options.get("num_warps", 4)
+    steps = shape.programs * shape.iterations
+    macs = native.loop_macs * warps * steps
+    loaded = shape.loaded_bytes * steps
+    return dict(shape=shape, warps=warps, dpas=native.loop_dpas * warps * steps, macs=macs,
+                work_x=macs / shape.min_macs, bytes=loaded, bytes_x=loaded / shape.min_bytes,
+                spill_iter=native.loop_spill_bytes * warps)
+
+
 def write_table(path: pathlib.Path, rows: list, ocloc_version: str, seconds: float) -> None:
     """The native-code table (markdown) of every compile, with the versions and the commit."""
     import subprocess
@@ -487,16 +513,29 @@ def write_table(path: pathlib.Path, rows: list, ocloc_version: str, seconds: flo
         "instructions; `gathers` `load.ugm` messages; `SLM` bytes per work-group (Triton's layout conversions and "
         "reductions); `gate` the CI gate (spill over the allowance, a declared 2D read missing).",
         "",
-        "| kernel | target | warps | GRF | spill B | 2D ld | 2D st | dpas | gathers | SLM B | instructions | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Work of a launch, for variants that declare one (`register_xpu_compile(launch=)`; `launch` the problem: "
+        "B requests, H query heads (/ KV heads, D head dim), q query tokens, L cached keys, s KV splits): "
+        "`DPAS/launch` the key loop's dpas instructions per thread times warps, loop iterations and programs; "
+        "`work x min` their multiply-adds over the algorithm's minimum (each score and P @ V product once; "
+        "more where a channel split repeats the score dot, warps repeat a dot, or rows are padded); "
+        "`K/V MB` bytes the programs load from the cache (no reuse between programs assumed) and `bytes x min` "
+        "over each K/V byte once per KV head; `spill B/iter` spill + fill bytes of one loop iteration of one "
+        "program (all its threads). The cost model over these columns: bench/experiments/xpu_cost_model.py.",
+        "",
+        "| kernel | target | warps | GRF | spill B | 2D ld | 2D st | dpas | gathers | SLM B | instructions | launch "
+        "| DPAS/launch | work x min | K/V MB | bytes x min | spill B/iter | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for job, r, n in rows:
         first, final = n["first"], n["final"]
         spill = f"{first.spill} -> {final.spill}" if final is not first else f"{final.spill}"
+        w = launch_work(job, final)
+        work = (f"{w['shape'].shape} | {w['dpas']} | {w['work_x']:.2f} | {w['bytes'] / 1e6:.1f} | {w['bytes_x']:.2f} | "
+                f"{w['spill_iter']}" if w else "- | - | - | - | - | -")
         lines.append(
             f"| `{job.name.replace('|', ',')}` | {job.target} | {job.options.get('num_warps', 4)} | {final.grf} | {spill} | "
             f"{final.block2d_loads} | {final.block2d_stores} | {final.dpas} | {final.gathers} | {r['slm']} | "
-            f"{final.instructions} | {'FAIL: ' + '; '.join(n['problems']) if n['problems'] else 'ok'} |")
+            f"{final.instructions} | {work} | {'FAIL: ' + '; '.join(n['problems']) if n['problems'] else 'ok'} |")
     failed = sum(1 for _, _, n in rows if n["problems"])
     lines += ["", f"{len(rows)} compiles in {seconds:.0f} s; {failed} over a gate.", "",
               "Spill allowances (`SPILL_ALLOWANCE`; every other attention compile must spill 0 B):", ""]

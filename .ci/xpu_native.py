@@ -7,7 +7,9 @@ dump on, and reads the dump: what decides speed on PVC / BMG (shared/notes/xpu_n
 
 Per compile: spill bytes per hardware thread (``.zeinfo``'s ``spill_size``, which the final
 assembly's ``//.spill size`` matches), GRF count, instruction count, ``load_block2d`` /
-``store_block2d`` (2D block IO), ``dpas`` instructions, gathers (``load.ugm``) and SLM loads. IGC
+``store_block2d`` (2D block IO), ``dpas`` instructions, gathers (``load.ugm``) and SLM loads; and
+what one iteration of the key loop does per thread: its dpas instructions and their multiply-adds,
+and the bytes its spill and fill messages move (``loop_work``). IGC
 may compile a kernel more than once (a retry with other scheduling after a spill); the dump's
 highest retry is the code the binary holds.
 """
@@ -37,6 +39,9 @@ class Native:
     dpas: int
     gathers: int  # load.ugm messages (scalar / vector gathers)
     slm_loads: int
+    loop_dpas: int = 0  # dpas instructions in the body of the loop that holds the most (the key loop)
+    loop_macs: int = 0  # their multiply-adds (per thread and iteration)
+    loop_spill_bytes: int = 0  # scratch bytes written (spills) plus read (fills) there: per thread and iteration
 
 
 class Ocloc:
@@ -104,6 +109,7 @@ def parse_dump(dump: pathlib.Path) -> Native:
         m = re.search(pattern, text)
         return int(m.group(1)) if m else 0
 
+    loop_dpas, loop_macs, loop_spill = loop_work(text)
     return Native(
         spill=spill,
         grf=number(r"numGRF=(\d+)"),
@@ -113,7 +119,72 @@ def parse_dump(dump: pathlib.Path) -> Native:
         dpas=len(re.findall(r"\bdpas\.", text)),
         gathers=len(re.findall(r"\bload\.ugm\b", text)),
         slm_loads=len(re.findall(r"\bload\.slm\b", text)),
+        loop_dpas=loop_dpas,
+        loop_macs=loop_macs,
+        loop_spill_bytes=loop_spill,
     )
+
+
+_BLOCK_RE = re.compile(r"^// B(\d+): Preds:\{[^}]*\},\s*Succs:\{([^}]*)\}", re.M)
+#: spill / fill messages: PVC's scratch block messages (``hword scratch block write x4``: 32-byte
+#: hwords) and Xe2's LSC messages tagged ``spill to`` / ``fill from`` (``d32x64t``: 64 dwords)
+_HWORD_RE = re.compile(r"hword scratch block (?:write|read) x(\d+)")
+_LSC_SPILL_RE = re.compile(r"\b(?:store|load)\.ugm\.d(32|64)x(\d+)t\b[^\n]*//\s*(?:spill to|fill from)")
+
+
+def spill_message_bytes(line: str) -> int:
+    """Scratch bytes one instruction line moves for a spill or a fill (0 for any other line)."""
+    m = _HWORD_RE.search(line)
+    if m and ("spill" in line or "fill" in line):
+        return 32 * int(m.group(1))
+    m = _LSC_SPILL_RE.search(line)
+    if m:
+        return int(m.group(1)) // 8 * int(m.group(2))
+    return 0
+
+
+_DPAS_RE = re.compile(r"\bdpas\.(\d+)x(\d+) \((\d+)\|[^\n]*")
+
+
+def dpas_macs(line: str) -> int:
+    """Multiply-adds of one ``dpas.SxR (E|..)`` instruction line: systolic depth S times the
+    operand pairs a channel holds (2 for 16-bit operands, 1 for tf32, 4 for 8-bit), R rows
+    (repeat count), E columns (execution size); 0 for any other line."""
+    m = _DPAS_RE.search(line)
+    if not m:
+        return 0
+    depth, repeat, width = (int(x) for x in m.groups())
+    ops = 2 if re.search(r":(bf|hf)\b", line) else 1 if ":tf32" in line else 4
+    return depth * ops * repeat * width
+
+
+def loop_work(text: str) -> tuple[int, int, int]:
+    """(dpas instructions, their multiply-adds, spill + fill bytes) of one iteration of the kernel's key loop, per
+    hardware thread, read from the static code: the loop is the back edge (a basic block whose
+    successor precedes it, ``// Bnnn: Preds:{..}, Succs:{..}`` headers of IGC's assembly) whose
+    blocks hold the most dpas instructions (the first such loop; one without dpas when no loop has
+    any). Every instruction of the loop's blocks counts once (branches inside the loop taken or not)."""
+    heads = list(_BLOCK_RE.finditer(text))
+    if not heads:
+        return 0, 0, 0
+    bodies = {}
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        bodies[int(m.group(1))] = text[m.start():end]
+    order = sorted(bodies)
+    best = None
+    for m in heads:
+        block = int(m.group(1))
+        for succ in re.findall(r"B(\d+)", m.group(2)):
+            if int(succ) > block:
+                continue
+            blocks = [b for b in order if int(succ) <= b <= block]
+            lines = [line for b in blocks for line in bodies[b].splitlines()]
+            dpas = sum(len(re.findall(r"\bdpas\.", line)) for line in lines)
+            work = (dpas, sum(dpas_macs(line) for line in lines), sum(spill_message_bytes(line) for line in lines))
+            if best is None or dpas > best[0]:
+                best = work
+    return best or (0, 0, 0)
 
 
 def launched(ocloc: Ocloc, spv: bytes, device: str, build_flags: str) -> tuple[Native, Native | None]:

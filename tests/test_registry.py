@@ -178,31 +178,41 @@ def test_xpu_tiles_read_kv_in_2d_wherever_a_tile_fits_a_page(decode_like, head_d
     assert cfg["num_stages"] == (1 if fits else 2)
     if page_size >= 16:
         assert fits, "pages of 16+ tokens read K/V in 2D"
-    assert cfg.get("BLOCK_DV", 0) == (128 if head_dim > 256 else 0)
+    assert cfg.get("BLOCK_DV", 0) == (256 if head_dim > 256 else 0)
+    if head_dim > 256:  # the cost model's pick (bench/results/xpu/cost_model.md): 2 slices, chunked score dot
+        assert cfg["score_chunk"] == 128 and cfg["num_warps"] == (2 if decode_like else 8)
+        assert xpu_tiles(decode_like, head_dim, page_size, fp8_kv=True)["BLOCK_DV"] == 128
 
 
 @pytest.mark.parametrize("rows", [1, 16, 32, 64, 128])
 @pytest.mark.parametrize("latent", [256, 512])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_mla_xpu_tiles_keep_the_latent_tile_and_accumulator_small(rows, latent, ragged):
-    """MLA on XPU (heuristics and shipped files): 16-key latent tiles and 64 output channels a
-    program (32 keys or 128+ channels spill 1.5-96 KB: bench/results/xpu_native/tiles.txt), 16-32
-    rows, 256 GRF, at most 32 warps; over pages the latent tile through block pointers in
-    64-channel chunks (2D block reads) on one stage, per-token gathers without."""
+    """MLA on XPU (heuristics and shipped files): 16-key latent tiles, 256 GRF, at most 32 warps;
+    over pages the latent tile through block pointers in 32-64-channel chunks (2D block reads) on
+    one stage, per-token gathers without. R = 512 decode over pages takes the cost model's picks
+    (bench/results/xpu/cost_model.md); elsewhere 16-32 rows and 64 output channels a program."""
     from triton_xpu_attn.ops.mla import latent_chunk, xpu_tiles
 
     for gather in (False, True):
         cfg = xpu_tiles(rows, latent, ragged, gather)
-        assert cfg["BLOCK_N"] == 16 and cfg["BLOCK_H"] in (16, 32) and cfg["BLOCK_DV"] == 64
-        assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32
-        assert cfg.get("latent_chunk", 0) == (0 if gather else 64)
+        assert cfg["grf_mode"] == "256" and cfg["num_warps"] <= 32 and cfg["BLOCK_N"] == 16
         assert cfg["num_stages"] == (2 if gather else 1)
+        if latent == 512 and not (ragged or gather):
+            # the cost model's picks: 8 rows a warp (no dot repeated), 128-channel slices to 32 rows
+            assert cfg["BLOCK_H"] == 8 * cfg["num_warps"] == min(max(16, rows), 128)
+            assert cfg["BLOCK_DV"] == (128 if rows <= 32 else 64)
+            assert cfg["latent_chunk"] == (32 if rows <= 16 else 64)
+        else:
+            assert cfg["BLOCK_H"] in (16, 32) and cfg["BLOCK_DV"] == 64
+            assert cfg.get("latent_chunk", 0) == (0 if gather else 64)
     cfg = xpu_tiles(rows, latent, ragged)
     block_ptrs = 64 if _device.block_pointers() else 0
+    block_ptrs = cfg["latent_chunk"] if _device.block_pointers() else 0
     assert latent_chunk(cfg, 16, 16, latent, (None,)) == block_ptrs, "pages of whole tiles: 2D latent reads"
     assert latent_chunk(cfg, 8, 16, latent, (None,)) == 0, "a key tile over two pages gathers rows"
     assert latent_chunk(cfg, 64, 16, latent, ("descriptor",)) == 0, "tensor descriptors win where made"
-    assert latent_chunk(cfg, 16, 16, latent, (None,), device_desc=True) == 64, "device-side descriptors: 2D too"
+    assert latent_chunk(cfg, 16, 16, latent, (None,), device_desc=True) == cfg["latent_chunk"], "descriptors: 2D too"
     assert latent_chunk(cfg, 8, 16, latent, (None,), device_desc=True) == 0
 
 
@@ -237,3 +247,47 @@ def test_xpu_tiles_above_d128_unpack_gqa_prefill_and_chunk_fp8_scores(head_dim, 
         assert score_chunk(decode, 2, head_dim) == 128
         assert score_chunk(decode, 0, head_dim) == 0, "pointer loads keep one score dot"
         assert score_chunk({"score_chunk": 256}, 2, head_dim) == 0, "a chunk as wide as the head is one dot"
+
+
+def test_mla_and_d512_xpu_tiles_are_the_cost_models_picks():
+    """The XPU defaults of MLA decode (H = 16-128) and GQA at D = 512 are what the cost model picks
+    from the committed native-code facts (bench/experiments/xpu_cost_model.py), on PVC and BMG code."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import json
+
+    from bench.experiments import xpu_cost_model as cm
+
+    facts = json.loads(cm.FACTS.read_text())
+    shipped = cm.shipped_tiles()
+    picks = cm.choices(facts)
+    assert len(picks) == 12
+    for (family, problem, _target), (alt, _row) in picks.items():
+        assert shipped[(family, problem)] == alt["name"], (family, problem)
+
+
+def test_native_loop_work_reads_the_key_loop_of_igc_assembly():
+    """``.ci/xpu_native.loop_work``: dpas, their multiply-adds and spill + fill bytes of the loop
+    (the back edge whose blocks hold the most dpas) from IGC's assembly, PVC and Xe2 spill forms."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / ".ci"))
+    import xpu_native
+
+    asm = "\n".join([
+        "// B000: Preds:{},  Succs:{B001}",
+        "        dpas.8x8 (16|M0)         r7:f          null:f            r63:bf            r15.0:bf",
+        "// B001: Preds:{B000, B002},  Succs:{B002}",
+        "        dpas.8x8 (16|M0)         r7:f          r7:f              r63:bf            r15.0:bf",
+        "(W)     send.dc0 (16|M0)  null r0 r9:2 0x0 0x020F2000 // wr:1h+2, rd:0; hword scratch block write x4 //  scratch space spill:  from offset[0x32];",
+        "// B002: Preds:{B001},  Succs:{B001, B003}",
+        "        dpas.8x4 (16|M0)         r7:f          r7:f              r63:hf            r15.0:hf",
+        "(W)     load.ugm.d32x64t.a32 (1|M0)  r19:4 ss[a0.2][r6:1-0x10000] // fill from offset[0*64] of ?;",
+        "// B003: Preds:{B002},  Succs:{}",
+        "(W)     store.ugm.d32x16t.a32 (1|M0)  ss[a0.2][r6:1-0x10000] r19:1 // spill to offset[0*64] of ?;",
+    ])
+    assert xpu_native.loop_work(asm) == (2, 8 * 2 * 8 * 16 + 8 * 2 * 4 * 16, 4 * 32 + 64 * 4)
+    assert xpu_native.loop_work("no blocks") == (0, 0, 0)

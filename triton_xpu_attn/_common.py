@@ -454,6 +454,20 @@ def whole_wave_splits(splits: int, programs_per_split: int, resident: int | None
 
 
 @dataclasses.dataclass
+class LaunchShape:
+    """The work one launch of a compile variant does at a stated problem shape (the native-code
+    table's work columns: what the per-program code costs times the programs, beside the
+    algorithm's minimum)."""
+
+    shape: str  # the problem, e.g. "B1 H128 L4096"
+    programs: int  # programs the launch runs
+    iterations: int  # key-loop iterations of a program (the mean where they differ)
+    loaded_bytes: int  # K/V bytes a program loads per iteration
+    min_macs: int  # the algorithm's multiply-adds: each score and each P @ V product once
+    min_bytes: int  # the algorithm's K/V bytes: each byte once per KV head (group)
+
+
+@dataclasses.dataclass
 class CompileVariant:
     kernel: Any  # the @triton.jit function
     label: str
@@ -463,13 +477,14 @@ class CompileVariant:
     dots: int  # how many tl.dot the kernel holds (the check asserts DPAS when > 0)
     op: str | None = None  # op name used in autotune_configs/<backend>/*.json ("ops" keys); None = no config
     block_2d: tuple = ()  # operands this variant reads by 2D block reads on XPU (the native audit checks it)
+    launch: Any = None  # constexprs -> LaunchShape of a representative launch (work columns), or None
 
 
 COMPILE_VARIANTS: list[CompileVariant] = []
 
 
 def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: str | None = None, block_2d: tuple = (),
-                         **options) -> None:
+                         launch=None, **options) -> None:
     """Record one representative compilation of ``kernel``.
 
     ``args`` maps every kernel parameter to either a Triton type string (``"*bf16"``, ``"i32"``,
@@ -480,8 +495,10 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: s
     read config files must set it, so the compile check also compiles this variant with each
     file's launch options (``num_warps``, ``num_stages``, ``grf_mode``). ``block_2d`` names the
     operands (``"K"``, ``"V"``, ...) this variant loads through 2D block reads on Intel GPUs: the
-    native-code audit fails when it has none. Remaining keyword arguments are launch options of
-    this variant.
+    native-code audit fails when it has none. ``launch`` maps the compile's constexprs (the
+    variant's, or a config's overrides of them) to the ``LaunchShape`` of a representative launch:
+    the table then shows the DPAS work and K/V bytes of the whole launch beside the algorithm's
+    minimum. Remaining keyword arguments are launch options of this variant.
     """
     fn = getattr(kernel, "fn", kernel)
     parameters = inspect.signature(fn).parameters
@@ -495,4 +512,5 @@ def register_xpu_compile(kernel, label: str, args: dict, *, dots: int = 0, op: s
     signature = {p: ("constexpr" if p in constexpr_names else args[p]) for p in params}
     constexprs = {p: args[p] for p in params if p in constexpr_names}
     COMPILE_VARIANTS.append(
-        CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots, op, tuple(block_2d)))
+        CompileVariant(kernel, f"{fn.__name__}[{label}]", signature, constexprs, options, dots, op, tuple(block_2d),
+                       launch))

@@ -27,7 +27,9 @@ from .. import device as _device
 from .. import tune
 from .._common import (
     FP8_DTYPES,
+    LaunchShape,
     block_rows,
+    cdiv,
     check_int,
     check_page_size,
     check_real,
@@ -374,6 +376,34 @@ def _mla_attention_kernel(
 
 
 
+def xpu_launch_shape(c: dict, heads: int, keys: int = 4096, batch: int = 1, splits: int = 1,
+                     kv_bytes: int = 2) -> LaunchShape:
+    """The work of one decode launch with the kernel's constexprs ``c`` (``LaunchShape``: the XPU
+    native-code table's work columns, bench/experiments/xpu_cost_model.py): ``batch`` requests of
+    ``heads`` query heads (``Q_LEN`` tokens each) over ``keys`` cached tokens in ``splits`` KV
+    splits. A program loads per key tile the whole latent + rope row (the score dot; its value
+    channels are part of that row, read again from cache where loaded apart); the minimum reads
+    each cached byte once (all heads share the latent row) and multiplies each (row, key) pair once
+    over ``R + Dr`` score and ``R`` value channels."""
+    rows = heads * c["Q_LEN"]
+    width = c["R"] + c["DR"]
+    programs = batch * splits * cdiv(rows, c["BLOCK_H"]) * (c["BLOCK_R"] // c["BLOCK_DV"])
+    return LaunchShape(
+        shape=f"B{batch} H{heads}" + (f" q{c['Q_LEN']}" if c["Q_LEN"] > 1 else "") + f" L{keys}"
+        + (f" s{splits}" if splits > 1 else ""),
+        programs=programs,
+        iterations=cdiv(cdiv(keys, splits), c["BLOCK_N"]),
+        loaded_bytes=c["BLOCK_N"] * width * kv_bytes,
+        min_macs=batch * rows * keys * (width + c["R"]),
+        min_bytes=batch * keys * width * kv_bytes,
+    )
+
+
+def _launch(heads: int, **kw):
+    """``launch=`` of a decode compile variant: its work at ``heads`` query heads, 4096 keys."""
+    return lambda c: xpu_launch_shape(c, heads, **kw)
+
+
 def _register_compile_variants():
     deepseek = dict(
         q_nope_ptr="*bf16", q_pe_ptr="*bf16", stride_qn_b="i64", stride_qn_t="i32", stride_qn_h="i32",
@@ -397,21 +427,26 @@ def _register_compile_variants():
     tile = {"BLOCK_N": 16, "BLOCK_DV": 64}
     chunks = {**tile, "LATENT_CHUNK": 64}
     block_2d = dict(opts, num_stages=1, block_2d=("K", "V"))
-    register_xpu_compile(_mla_attention_kernel, "bf16,H16,P64,BH16xDV64,split,latent chunks", {**deepseek, **chunks},
-                         **block_2d)
+    # the defaults xpu_tiles picks by the cost model (bench/experiments/xpu_cost_model.py): 16 heads
+    # in 128-channel slices on 2 warps, 32-channel score chunks; 128 heads in 64-channel slices on 16
+    register_xpu_compile(_mla_attention_kernel, "bf16,H16,P64,BH16xDV128,split,latent chunks",
+                         {**deepseek, **chunks, "BLOCK_DV": 128, "LATENT_CHUNK": 32},
+                         launch=_launch(16, splits=4), **dict(block_2d, num_warps=2))
     register_xpu_compile(
-        _mla_attention_kernel, "bf16,H128,P64,BH32xDV64,single,latent chunks",
-        {**deepseek, **chunks, "out_ptr": "*bf16", "BLOCK_H": 32, "SPLIT": False, "WRITE_LSE": False}, **block_2d,
+        _mla_attention_kernel, "bf16,H128,P64,BH128xDV64,single,latent chunks",
+        {**deepseek, **chunks, "out_ptr": "*bf16", "BLOCK_H": 128, "SPLIT": False, "WRITE_LSE": False},
+        launch=_launch(128), **dict(block_2d, num_warps=16),
     )
     register_xpu_compile(
         _mla_attention_kernel, "bf16,fp8-e4m3 cache,H16,P1,q_len2,BH32xDV64",
-        {**deepseek, **tile, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "Q_LEN": 2, "BLOCK_H": 32, "HAS_KV_SCALE": True}, **opts,
+        {**deepseek, **tile, "kv_ptr": "*fp8e4nv", "PAGE_SIZE": 1, "Q_LEN": 2, "BLOCK_H": 32, "HAS_KV_SCALE": True},
+        launch=_launch(16, kv_bytes=1), **opts,
     )
     register_xpu_compile(
         _mla_attention_kernel, "fp16,R256+32,H32,P16,BH32xDV64,latent chunks",
         {**deepseek, "q_nope_ptr": "*fp16", "q_pe_ptr": "*fp16", "kv_ptr": "*fp16", "out_ptr": "*fp16", "R": 256, "DR": 32,
          "PAGE_SIZE": 16, "BLOCK_H": 32, "BLOCK_R": 256, "BLOCK_DR": 32, "SPLIT": False, **chunks},
-        **block_2d,
+        launch=_launch(32), **block_2d,
     )
     # ragged mode (flash_mla_prefill): the XPU heuristic's 32-row x 64-channel tile, P=1 fp8 with LSE,
     # and a non-causal fp16 variant with 16-row tiles
@@ -460,7 +495,26 @@ def xpu_tiles(rows: int, latent: int, ragged: bool = False, gather: bool = False
         # every registered shape (the whole latent tile in 2D spilled 25.6 KB, 128 channels 1.5-2.8 KB);
         # SLM 30-59 KB -> 3-8 KB, fewer instructions over all channel slices (xpu_native/tiles.txt)
         tiles.update(latent_chunk=64, num_stages=1)
+        if latent == 512 and not ragged:
+            tiles.update(_COST_MODEL_TILES[min(_COST_MODEL_TILES, key=lambda h: (h < rows, h if h >= rows else -h))])
     return tiles
+
+
+#: decode tiles at R = 512 over pages, by rows (heads x query tokens) up to the key: the cheapest
+#: by the cost model over the native code (bench/experiments/xpu_cost_model.py, its record
+#: bench/results/xpu/cost_model.md; time = max(DPAS / peak, (K/V + spill bytes) / bandwidth) on
+#: Max 1100 and B580 alike). Warps split the rows 8 a sub-group, so BLOCK_H = 8 x warps runs no dot
+#: twice (16 rows on 8 warps repeated the score dot 4 times); every channel slice re-reads the
+#: latent tile, so 128-channel slices (2.4-2.9 KB spill, ~3 KB of spill traffic a thread per key
+#: tile) win at 16-32 rows, 64-channel slices with all rows of 64-128 heads in one program (0 B)
+#: above. Model time over the minimum: 5.4-5.5x (16 rows), 6.8-6.9x (32), 8x (64, 128): each
+#: channel slice reads the latent row again, and one 512-channel slice spills 40 KB (34-36x)
+_COST_MODEL_TILES = {
+    16: dict(BLOCK_H=16, BLOCK_DV=128, num_warps=2, latent_chunk=32),
+    32: dict(BLOCK_H=32, BLOCK_DV=128, num_warps=4),
+    64: dict(BLOCK_H=64, BLOCK_DV=64, num_warps=8),
+    128: dict(BLOCK_H=128, BLOCK_DV=64, num_warps=16),
+}
 
 
 def latent_chunk(config: dict, page_size: int, block_n: int, block_r: int, latent_descs,

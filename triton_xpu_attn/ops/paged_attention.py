@@ -52,6 +52,7 @@ from .._common import (
 )
 from .merge_state import combine_splits
 from . import paged_registry  # noqa: F401  (registers the kernel's XPU compile variants)
+from .paged_registry import xpu_launch_shape  # noqa: F401  (read by bench/experiments/xpu_cost_model.py)
 from .paged_config import (_heuristic_config, _kv_descriptors, _kv_load, query_heads_per_block,  # noqa: F401
                            query_rows_descriptors, score_chunk, xpu_tiles)  # (xpu_tiles: read from here by tools)
 from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM, MAX_HEAD_DIM, _paged_attention_kernel  # noqa: F401

@@ -49,10 +49,18 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
         tiles["pack_gqa"] = False
     if head_dim > 256:
         # Dv = 512 (Gemma 4): the output channels in 128-wide slices on 4 programs, each repeating
-        # the score dot (4x the QK work, the price of no spill; not timed). Whole-head tiles spilled
-        # 13-17 KB at 256 GRF, 256-channel slices 3.3-4.2 KB, 128: 0 B on PVC and BMG, decode and
-        # prefill (bench/results/xpu_native/tiles.txt)
+        # the score dot. Whole-head tiles spilled 13-17 KB at 256 GRF, 256-channel slices 3.3-4.2 KB,
+        # 128: 0 B on PVC and BMG, decode and prefill (bench/results/xpu_native/tiles.txt)
         tiles["BLOCK_DV"] = 128
+        if not fp8_kv:
+            # 16-bit caches: the cheapest by the cost model over the native code
+            # (bench/experiments/xpu_cost_model.py, record bench/results/xpu/cost_model.md): 256-channel
+            # slices on 2 programs with the score dot in 128-column chunks, 0 B spilled (K read twice,
+            # not 4 times: 1.5x the minimum K/V bytes, 2.5x before); warps at 8 rows each (decode's 16
+            # rows on 8 warps repeated both dots 4 times; the model ties 2-16 warps there, memory-bound,
+            # and ties go to the least DPAS work). Whole 512-channel rows spill 6.6-17 KB with
+            # any chunking (every sub-group holds 8 rows x Dv fp32: 16 KB, the whole 256-GRF file)
+            tiles.update(BLOCK_DV=256, score_chunk=128, num_warps=2 if decode_like else 8)
     if chunked:
         # fp8 K^T has no 2D read: gathered 8-bit K^T beside its 16-bit copy spilled 8.4-8.8 KB at
         # D = 256; the score dot over 128-column chunks with 32-key tiles spills 0 (16-key tiles,

@@ -3,8 +3,33 @@ for PVC and BMG and reads the native code): the shapes and constexprs the XPU la
 from __future__ import annotations
 
 from .. import device as _device
-from .._common import register_xpu_compile
+from .._common import LaunchShape, cdiv, register_xpu_compile
 from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM, _paged_attention_kernel
+
+
+def xpu_launch_shape(c: dict, q_heads: int, kv_heads: int, keys: int = 4096, q_len: int = 1, batch: int = 1,
+                     splits: int = 1, kv_bytes: int = 2) -> LaunchShape:
+    """The work of one launch with the kernel's constexprs ``c`` (``LaunchShape``: the XPU
+    native-code table's work columns, bench/experiments/xpu_cost_model.py): ``batch`` requests of
+    ``q_len`` tokens (causal, bottom-right) over ``keys`` cached tokens, ``q_heads`` / ``kv_heads``
+    heads, ``splits`` KV splits. A program loads per key tile ``BLOCK_N`` rows of K (all ``BLOCK_D``
+    channels: the score dot) and of its ``BLOCK_DV`` value channels; the minimum reads each K/V byte
+    once per KV head and multiplies each visible (query head, key) pair once over ``D + Dv``."""
+    group = q_heads // kv_heads
+    d, dv, n, block_q = c["BLOCK_D"], c["BLOCK_DV"] * c["NUM_DV"], c["BLOCK_N"], c["BLOCK_Q"]
+    q_tiles = cdiv(q_len, block_q)
+    # keys each query tile visits (its last row's causal limit), and the visible pairs of a head
+    tiles = [cdiv(cdiv(keys - q_len + min((t + 1) * block_q, q_len), splits), n) for t in range(q_tiles)]
+    pairs = sum(keys - q_len + t + 1 for t in range(q_len))
+    return LaunchShape(
+        shape=f"B{batch} H{q_heads}/{kv_heads} D{d}" + (f" q{q_len}" if q_len > 1 else "") + f" L{keys}"
+        + (f" s{splits}" if splits > 1 else ""),
+        programs=batch * kv_heads * cdiv(group, c["HEADS_PER_BLOCK"]) * q_tiles * c["NUM_DV"] * splits,
+        iterations=round(sum(tiles) / q_tiles),
+        loaded_bytes=n * (d + c["BLOCK_DV"]) * kv_bytes,
+        min_macs=batch * q_heads * pairs * (d + dv),
+        min_bytes=batch * kv_heads * keys * (d + dv) * kv_bytes,
+    )
 
 
 def _register_compile_variants():
@@ -42,7 +67,8 @@ def _register_compile_variants():
     register_xpu_compile(  # one query: the group's 4 heads padded to a 16-row block (q/out in 2D too)
         _paged_attention_kernel, "decode,bf16,D128,g4,P64,split",
         {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 32, "KV_LOAD": 2},
-        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"),
+        launch=lambda c: xpu_launch_shape(c, 32, 8, splits=4), **xpu)
     register_xpu_compile(  # paged prefill, 16-token pages: 16-key tiles (config files compile on this one)
         _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal",
         {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
@@ -82,18 +108,20 @@ def _register_compile_variants():
          "BLOCK_DV": 32, "PAGE_SIZE": 512, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
-    # D = 512 (Gemma 4's global layers): 16-key whole-head K tiles, V and out in 128-channel slices
-    # on 4 programs (xpu_tiles), q / out in 2D
+    # D = 512 (Gemma 4's global layers): 16-key K tiles, the score dot in 128-column chunks, V and
+    # out in 256-channel slices on 2 programs (xpu_tiles: the cost model's pick), q / out in 2D
     register_xpu_compile(
         _paged_attention_kernel, "decode,bf16,D512,g8,P64,split",
-        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 128, "NUM_DV": 4,
-         "KV_LOAD": 2},
-        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"), **xpu)
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 256, "NUM_DV": 2,
+         "KV_LOAD": 2, "SCORE_CHUNK": 128},
+        dots=2, num_warps=2, op="paged_attention", block_2d=("Q", "K", "V"),
+        launch=lambda c: xpu_launch_shape(c, 32, 4, splits=4), **xpu)
     register_xpu_compile(
         _paged_attention_kernel, "prefill,bf16,D512,g2,P64,causal",
         {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 512,
-         "BLOCK_DV": 128, "NUM_DV": 4, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2},
-        dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "K", "V"), **xpu,
+         "BLOCK_DV": 256, "NUM_DV": 2, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2, "SCORE_CHUNK": 128},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"),
+        launch=lambda c: xpu_launch_shape(c, 8, 4, keys=4096, q_len=4096), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(
