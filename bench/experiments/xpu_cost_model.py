@@ -219,6 +219,14 @@ def print_model(facts: dict, chosen: dict) -> None:
         shipped_x = f"{shipped['x_min']:.2f}" if shipped else "not modelled"
         print(f"| {family} {problem} | {target} | {alt['structure']}: {alt['name']} | {r['x_min']:.2f} | {ship} | "
               f"{shipped_x} |")
+    print()
+    print("Why no pick is within 1.3x of the minimum: triton-xpu 3.3's DPAS layout gives each sub-group 8 query rows "
+          "and every output channel of its program, so a program's fp32 accumulator costs 8 x BLOCK_DV x 4 B a thread: "
+          "512 channels are 16 KB, the whole 256-GRF file (MLA single pass spills ~40 KB with ~140 KB of spill traffic "
+          "a thread per key tile: 30x+; GQA D = 512 13-17 KB, chunked 6.6-8 KB: 3-6x). So MLA keeps a channel split, "
+          "and every slice re-reads the latent row: 4x the minimum bytes at 128 channels (plus ~3 KB a thread of spill "
+          "traffic), 8x at 64 (0 B). GQA D = 512 decode reads K twice (1.5x). GQA prefill is charged every q tile's "
+          "K/V re-read (no cache reuse in the model; no tiling avoids it), its DPAS work is 1.52x the minimum.")
     for (family, problem, target), rows in sorted(models.items()):
         name, _, _ = DEVICES[target]
         print()
