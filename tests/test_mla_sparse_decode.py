@@ -20,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, assert_close, replay_without_host_sync
+from helpers import DEVICE, INTERPRET, assert_close, replay_without_host_sync
 from triton_xpu_attn import flash_mla_with_kvcache, get_mla_metadata
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -235,7 +235,12 @@ def check_case(case, sm_scale=None, head_dim_v=512, config=None):
     assert not torch.isnan(lse).any(), "lse: NaN (unwritten?)"
     assert torch.equal(torch.isinf(lse), lonely) and torch.all(lse[lonely] == math.inf), "lse: +inf pattern"
     err = ((lse - exp_lse).abs() / (1 + exp_lse.abs()))[~lonely]
-    assert err.numel() == 0 or err.max() < 2e-4, f"lse: error {err.max():.2e}"
+    # DeepSeek-V3.2 records scale fp8 by any fp32 factor: the key dequantised into a 16-bit q's
+    # dtype is rounded (8 bits of mantissa for bf16), which the float64 reference is not. V4's
+    # UE8M0 scales are powers of two (exact), and the interpreter runs 16-bit inputs in fp32
+    rounded_keys = case["layout"] == "v32" and q.dtype != torch.float32 and not INTERPRET
+    tol = 5e-3 if rounded_keys else 2e-4
+    assert err.numel() == 0 or err.max() < tol, f"lse: error {err.max():.2e}"
     return out, lse
 
 
