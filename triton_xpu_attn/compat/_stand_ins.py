@@ -15,3 +15,15 @@ def unprovided(package: str, name: str, what: str):
     missing.__name__ = missing.__qualname__ = name
     missing.missing_op = True
     return missing
+
+
+def op_defined(namespace: str, name: str) -> bool:
+    """Whether ``torch.ops.<namespace>.<name>`` already has a schema (the real extension loaded, or
+    an earlier registration): the compat extension modules then register nothing over it."""
+    import torch
+
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"{namespace}::{name}", "")
+    except RuntimeError:
+        return False
+    return True

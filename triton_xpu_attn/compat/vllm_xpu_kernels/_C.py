@@ -13,17 +13,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._stand_ins import op_defined
+
 from triton_xpu_attn import merge_attn_states as _merge_attn_states
 
 NAMESPACE = "_C"
 
 
 def _defined(name: str) -> bool:
-    try:
-        torch._C._dispatch_find_schema_or_throw(f"{NAMESPACE}::{name}", "")
-    except RuntimeError:
-        return False
-    return True
+    return op_defined(NAMESPACE, name)
 
 
 if not _defined("merge_attn_states"):

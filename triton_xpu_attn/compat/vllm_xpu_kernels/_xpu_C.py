@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._stand_ins import op_defined
+
 from triton_xpu_attn import fp8_mqa_logits as _fp8_mqa_logits
 from triton_xpu_attn import fp8_paged_mqa_logits as _fp8_paged_mqa_logits
 
@@ -27,11 +29,7 @@ NAMESPACE = "_xpu_C"
 
 
 def _defined(name: str) -> bool:
-    try:
-        torch._C._dispatch_find_schema_or_throw(f"{NAMESPACE}::{name}", "")
-    except RuntimeError:
-        return False
-    return True
+    return op_defined(NAMESPACE, name)
 
 
 if not _defined("fp8_mqa_logits"):
