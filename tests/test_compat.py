@@ -87,6 +87,7 @@ def test_install_overlay_keeps_a_real_package_and_replaces_its_attention(clean_i
     real.mkdir()
     (real / "__init__.py").write_text("def rmsnorm():\n    return 'real rmsnorm'\n\ndef merge_state_v2():\n    return 'real'\n")
     (real / "flash_attn.py").write_text("def flash_attn_with_kvcache():\n    return 'real'\n")
+    (real / "nsa.py").write_text("def fp8_mqa_logits():\n    return 'real'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     report = compat.install(["sgl_kernel"], overlay=True)
@@ -98,10 +99,19 @@ def test_install_overlay_keeps_a_real_package_and_replaces_its_attention(clean_i
     assert sgl_kernel.merge_state_v2 is triton_xpu_attn.merge_state_v2
     assert sgl_kernel.flash_mla_prefill is triton_xpu_attn.flash_mla_prefill
     assert sgl_kernel.flash_attn.flash_attn_with_kvcache.__module__ == "triton_xpu_attn.compat.sgl_kernel.flash_attn"
+    # DeepSeek sparse attention at the root and in the real nsa submodule; the real package here has
+    # no attention / top_k submodules (an older sgl-kernel-xpu): they are skipped, not created
+    import sgl_kernel.nsa
+
+    assert sgl_kernel.flash_mla_with_kvcache is triton_xpu_attn.flash_mla_with_kvcache
+    assert sgl_kernel.fast_topk_transform_fused is triton_xpu_attn.fast_topk_transform_fused
+    assert sgl_kernel.nsa.fp8_mqa_logits.__module__ == "triton_xpu_attn.compat.sgl_kernel.nsa"
+    assert "sgl_kernel.top_k" not in report["sgl_kernel"] and "sgl_kernel.nsa.fp8_mqa_logits" in report["sgl_kernel"]
     assert compat.uninstall() == ["sgl_kernel"]
+    assert sgl_kernel.nsa.fp8_mqa_logits() == "real"
     assert sgl_kernel.merge_state_v2() == "real" and sgl_kernel.flash_attn.flash_attn_with_kvcache() == "real"
     assert not hasattr(sgl_kernel, "flash_mla_prefill")
-    for name in ("sgl_kernel.flash_attn", "sgl_kernel"):
+    for name in ("sgl_kernel.flash_attn", "sgl_kernel.nsa", "sgl_kernel"):
         sys.modules.pop(name, None)
     with pytest.raises(ValueError, match="force and overlay"):
         compat.install(force=True, overlay=True)

@@ -30,12 +30,20 @@ COMPAT_MODULES = {
 }
 
 # attention names that overlay=True puts on a real installed package: module -> names
+_TOPK = ("fast_topk_v2", "fast_topk_transform_fused", "fast_topk_transform_ragged_fused", "topk_transform_512",
+         "topk_transform_512_v2")
 OVERLAY_NAMES = {
     "sgl_kernel": (
         "flash_mla_decode", "flash_mla_decode_get_workspace_size", "flash_mla_get_workspace_size",
         "flash_mla_prefill", "flash_mla_prefill_get_workspace_size", "merge_state_v2",
+        # DeepSeek sparse attention (sglang imports these from the root on XPU)
+        "flash_mla_sparse_fwd", "flash_mla_with_kvcache", "fp8_paged_mqa_logits_triton", *_TOPK,
     ),
     "sgl_kernel.flash_attn": ("flash_attn_varlen_func", "flash_attn_with_kvcache"),
+    # submodules a real package may lack (older sgl-kernel-xpu): skipped there
+    "sgl_kernel.attention": ("flash_mla_sparse_fwd", "flash_mla_with_kvcache"),
+    "sgl_kernel.nsa": ("fp8_mqa_logits", "fp8_paged_mqa_logits"),
+    "sgl_kernel.top_k": _TOPK,
     "vllm_xpu_kernels.flash_attn_interface": ("flash_attn_varlen_func",),
 }
 
@@ -116,7 +124,12 @@ def _overlay(name: str) -> str:
     for module_name, attrs in OVERLAY_NAMES.items():
         if module_name.partition(".")[0] != name:
             continue
-        real_module = importlib.import_module(module_name)
+        try:
+            real_module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue  # the real package has no such submodule: nothing of it to replace
         ours = importlib.import_module(COMPAT_MODULES[name] + module_name[len(name):])
         for attr in attrs:
             _OVERLAID.setdefault((module_name, attr), getattr(real_module, attr, None))
