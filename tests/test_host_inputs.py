@@ -238,6 +238,13 @@ CPU_CALLS = {
         torch.zeros(3, 2, 16), torch.zeros(3, 2), torch.zeros(3, 2, 16), torch.zeros(3, 2))),
     "merge_attn_states": ("output", lambda: tx.merge_attn_states(
         torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), torch.zeros(2, 3), torch.zeros(3, 2, 16), torch.zeros(2, 3))),
+    "reshape_and_cache_flash": ("key", lambda: tx.reshape_and_cache_flash(
+        torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), torch.zeros(4, 2, 2, 16), torch.zeros(4, 2, 2, 16),
+        torch.tensor([0, 5, -1]))),
+    "concat_and_cache_mla": ("kv_c", lambda: tx.concat_and_cache_mla(
+        torch.zeros(3, 32), torch.zeros(3, 16), torch.zeros(4, 2, 48), torch.tensor([0, 5, -1]))),
+    "gather_and_maybe_dequant_cache": ("src_cache", lambda: tx.gather_and_maybe_dequant_cache(
+        torch.zeros(4, 2, 48), torch.zeros(3, 48), _i32([[0, 1], [2, 3]]), _i32([0, 2, 3]), 2)),
     "normalize_page_table": ("req_to_token", lambda: tx.normalize_page_table(
         torch.zeros(2, 8, dtype=torch.int32), torch.tensor([0, 1]), _i32([4, 8]), 4)),
     "translate_loc_from_full_to_swa": ("full_to_swa", lambda: tx.translate_loc_from_full_to_swa(

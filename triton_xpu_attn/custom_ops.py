@@ -56,6 +56,9 @@ custom op                              wraps / differences from the public funct
 ``fast_topk_transform_ragged_fused``   unchanged
 ``topk_transform_512`` (and ``_v2``)   mutates ``out_page_indices`` and ``out_raw_indices``;
                                        returns nothing
+``reshape_and_cache_flash``            unchanged (mutates ``key_cache``, ``value_cache``)
+``concat_and_cache_mla``               unchanged (mutates ``kv_cache``)
+``gather_and_maybe_dequant_cache``     unchanged (mutates ``dst``)
 =====================================  ===========================================================
 
 ``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
@@ -73,6 +76,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .ops import kv_cache as _kv_cache
 from .ops import local_attention as _local
 from .ops import merge_state as _merge
 from .ops import mla as _mla_family
@@ -90,6 +94,7 @@ from .ops import varlen_attention as _varlen
 NAMESPACE = "triton_xpu_attn"
 
 __all__ = [
+    "concat_and_cache_mla",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -101,6 +106,7 @@ __all__ = [
     "flash_mla_sparse_fwd",
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
+    "gather_and_maybe_dequant_cache",
     "get_paged_mqa_logits_metadata",
     "flash_mla_with_kvcache",
     "make_local_attention_virtual_batches",
@@ -113,6 +119,7 @@ __all__ = [
     "normalize_page_table",
     "normalize_page_table_out",
     "prepare_swa_spec_page_table",
+    "reshape_and_cache_flash",
     "topk_transform_512",
     "topk_transform_512_v2",
     "translate_loc_from_full_to_swa",
@@ -736,6 +743,51 @@ def topk_transform_512_v2(scores: Tensor, seq_lens: Tensor, page_tables: Tensor,
 
 @topk_transform_512_v2.register_fake
 def _(scores, seq_lens, page_tables, out_page_indices, page_size, metadata, out_raw_indices=None):
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# KV-cache writes and reads
+# ------------------------------------------------------------------------------------------
+
+
+@_op("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
+def reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+                            kv_cache_dtype: str = "auto", k_scale: Optional[Tensor] = None,
+                            v_scale: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.reshape_and_cache_flash`: writes ``key_cache`` / ``value_cache`` in place."""
+    _kv_cache.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                      v_scale)
+
+
+@reshape_and_cache_flash.register_fake
+def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto", k_scale=None, v_scale=None):
+    return None
+
+
+@_op("concat_and_cache_mla", mutates_args=("kv_cache",))
+def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                         kv_cache_dtype: str = "auto", scale: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.concat_and_cache_mla`: writes ``kv_cache`` in place."""
+    _kv_cache.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+
+@concat_and_cache_mla.register_fake
+def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="auto", scale=None):
+    return None
+
+
+@_op("gather_and_maybe_dequant_cache", mutates_args=("dst",))
+def gather_and_maybe_dequant_cache(src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor,
+                                   batch_size: int, kv_cache_dtype: str = "auto", scale: Optional[Tensor] = None,
+                                   seq_starts: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.gather_and_maybe_dequant_cache`: writes ``dst`` in place."""
+    _kv_cache.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype,
+                                             scale, seq_starts)
+
+
+@gather_and_maybe_dequant_cache.register_fake
+def _(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype="auto", scale=None, seq_starts=None):
     return None
 
 

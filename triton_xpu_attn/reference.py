@@ -785,3 +785,70 @@ def topk_transform_paged(scores, seq_lens, page_tables, topk: int, page_size: in
         slot = (table[b, page[ok]] << bits) | (pos[b, ok] & (page_size - 1))
         out[b, ok] = _wrap_int32(slot)
     return torch.from_numpy(out), torch.from_numpy(pos.copy())
+
+
+# ---- KV-cache writes and reads (vLLM's _C_cache_ops) ----
+
+
+def _fp8_store(x: torch.Tensor, scale, fmt) -> torch.Tensor:
+    """``x`` as stored in a cache of dtype ``fmt``: with fp8 (``scale`` given) ``x / scale``
+    computed in fp32 (the kernels' arithmetic; float64 would round differently before the fp8
+    rounding), saturated to the fp8 range, rounded to nearest even; else cast to ``fmt``."""
+    if scale is None:
+        return x.to(fmt)
+    q = x.to(torch.float32) / torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(())
+    fp8_max = torch.finfo(fmt).max
+    return q.clamp(-fp8_max, fp8_max).to(fmt)
+
+
+def _slot_writes(slot_mapping, num_slots: int):
+    """(token, block, offset) of every token whose slot lies in ``[0, num_slots)``; others write nothing."""
+    return [(t, int(s)) for t, s in enumerate(slot_mapping.tolist()) if 0 <= s < num_slots]
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None):
+    """New ``(key_cache, value_cache)`` (copies) after vLLM's ``reshape_and_cache_flash``: token
+    ``t``'s key / value at slot ``s = slot_mapping[t]`` when ``0 <= s < num_blocks * block_size``
+    (quantised with ``k_scale`` / ``v_scale`` when given; the caches' dtype is the stored one)."""
+    k_out, v_out = key_cache.clone(), value_cache.clone()
+    num_blocks, block_size = key_cache.shape[:2]
+    for t, s in _slot_writes(slot_mapping, num_blocks * block_size):
+        k_out[s // block_size, s % block_size] = _fp8_store(key[t], k_scale, key_cache.dtype)
+        v_out[s // block_size, s % block_size] = _fp8_store(value[t], v_scale, value_cache.dtype)
+    return k_out, v_out
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, scale=None):
+    """New ``kv_cache`` (a copy) after vLLM's ``concat_and_cache_mla``: ``cat(kv_c[t], k_pe[t])`` at
+    each in-range slot (quantised with ``scale`` when given)."""
+    out = kv_cache.clone()
+    num_blocks, block_size = kv_cache.shape[:2]
+    for t, s in _slot_writes(slot_mapping, num_blocks * block_size):
+        out[s // block_size, s % block_size] = _fp8_store(torch.cat([kv_c[t], k_pe[t]]), scale, kv_cache.dtype)
+    return out
+
+
+def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size: int, scale=None,
+                                   seq_starts=None, dtype=torch.float64):
+    """New ``dst`` (a copy) after vLLM's ``gather_and_maybe_dequant_cache``: row ``cu[b] + i`` of
+    request ``b`` takes entry ``pos = seq_starts[b] + i`` of the request's blocks, times ``scale``
+    (fp8, computed in ``dtype``), cast to ``dst``'s dtype; 0 where ``pos`` is negative, past the
+    table's width or names a block outside the cache; rows past ``dst`` or of no request untouched.
+    ``cu_seq_lens`` non-decreasing."""
+    out = dst.clone()
+    num_blocks, block_size = src_cache.shape[:2]
+    cu = cu_seq_lens.tolist()
+    starts = [0] * batch_size if seq_starts is None else seq_starts.tolist()
+    table = block_table.tolist()
+    factor = 1.0 if scale is None else float(torch.as_tensor(scale).reshape(()))
+    for b in range(batch_size):
+        for t in range(max(cu[b], 0), min(cu[b + 1], dst.shape[0])):
+            pos = t - cu[b] + starts[b]
+            col = pos // block_size if pos >= 0 else -1
+            blk = table[b][col] if 0 <= col < len(table[b]) else -1
+            if 0 <= blk < num_blocks:
+                entry = src_cache[blk, pos % block_size].to(torch.float32).to(dtype)
+                out[t] = (entry * factor if scale is not None else entry).to(dst.dtype)
+            else:
+                out[t] = 0
+    return out

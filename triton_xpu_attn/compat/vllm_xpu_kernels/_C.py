@@ -4,7 +4,9 @@ prefix_output, prefix_lse, suffix_output, suffix_lse, prefill_tokens_with_contex
 output_scale=None)`` (vllm-xpu-kernels' schema; vLLM's chunked prefill and cascade attention call
 it) is registered here, served by :func:`triton_xpu_attn.merge_attn_states`. The other ``_C``
 kernels are not registered (a call fails in torch naming the op); nothing is registered where
-``torch.ops._C`` already has the op (the real extension loaded too).
+``torch.ops._C`` already has the op (the real extension loaded too). Importing this module also
+registers the KV-cache ops of ``torch.ops._C_cache_ops`` (:mod:`._C_cache_ops`), as the real
+extension does.
 """
 from __future__ import annotations
 
@@ -32,3 +34,6 @@ if not _defined("merge_attn_states"):
         """Merge prefix and suffix attention states into ``output`` (and ``output_lse``) in place."""
         _merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                            prefill_tokens_with_context, output_scale)
+
+
+from . import _C_cache_ops  # noqa: E402,F401  (the real _C extension registers torch.ops._C_cache_ops too)

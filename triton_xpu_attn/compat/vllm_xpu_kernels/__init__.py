@@ -7,8 +7,10 @@ What vLLM imports (vllm ``_xpu_ops.py``, ``platforms/xpu.py``, ``device_allocato
 - ``flash_attn_interface.flash_attn_varlen_func``: every attention layer (paged through
   ``block_table``, MLA with head dim 576, ragged prefill). Served by our ops.
 - ``_C``, ``_moe_C``, ``_xpu_C``: extension modules imported for their side effect of registering
-  ``torch.ops`` kernels; here they import and register nothing (vLLM probes them with ``hasattr``,
-  and a call of an unregistered op fails in torch naming it).
+  ``torch.ops`` kernels; here ``_C`` registers ``torch.ops._C.merge_attn_states`` and the KV-cache
+  ops of ``torch.ops._C_cache_ops`` (``reshape_and_cache_flash``, ``concat_and_cache_mla``,
+  ``gather_and_maybe_dequant_cache``), ``_xpu_C`` the DSA indexer logits; the rest register nothing
+  (vLLM probes them with ``hasattr``, and a call of an unregistered op fails in torch naming it).
 - ``rotary.apply_rotary_emb``, ``fused_moe_interface.XpuFusedMoe`` / ``xpu_fused_moe``: not
   attention; importable, ``NotImplementedError`` on use.
 - ``xpumem_allocator``, ``quantization``: absent (vLLM imports them inside ``try``/``except
