@@ -159,10 +159,10 @@ def _register_compile_variants() -> None:
     )
     register_xpu_compile(_reshape_and_cache_flash_kernel, "bf16,D128", dict(
         flash, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
-        BLOCK_T=16, BLOCK_D=128, QUANT=False, FP8_MAX=0.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=False, FP8_MAX=0.0), num_warps=4)
     register_xpu_compile(_reshape_and_cache_flash_kernel, "bf16->fp8e4m3,D128", dict(
         flash, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*fp8e4nv", value_cache_ptr="*fp8e4nv",
-        BLOCK_T=16, BLOCK_D=128, QUANT=True, FP8_MAX=448.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=True, FP8_MAX=448.0), num_warps=4)
     mla = dict(
         slot_ptr="*i64", scale_ptr="*fp32", num_tokens="i32", num_slots="i64", block_size="i32", stride_c_t="i64",
         stride_pe_t="i64", stride_cache_b="i64", stride_cache_s="i64", rank="i32", pe_dim="i32",
@@ -239,19 +239,25 @@ def _check_slot_mapping(slot_mapping, rows: int, rows_name: str) -> int:
     return num_tokens
 
 
-def _quantised_inputs(tensors, scales, fmt):
-    """Interpreter stand-in for the in-kernel fp8 store: the interpreter's fp32 -> fp8 cast drops a
-    mantissa carry into the exponent (31.94 -> 16 in e4m3), so there the inputs are quantised by
-    torch (the kernel's formula: ``clamp(x / scale)`` in fp32, then the cast) and the kernel copies
-    fp8 bytes; the slot handling, masking and strides stay the kernel's. Compiled backends quantise
-    in the kernel."""
+def _store_mode(fmt, inputs, scales, num_tokens: int):
+    """``(inputs, QUANT, FP8_MAX)`` of a cache store. Under the interpreter an fp8 store is not the
+    kernel's: the interpreter's fp32 -> fp8 cast drops a mantissa carry into the exponent (31.94 ->
+    16 in e4m3), so there torch quantises the inputs (the kernel's formula: ``clamp(x / scale)`` in
+    fp32, then the cast) and the kernel copies fp8 bytes, its slot handling, masking and strides
+    unchanged. Compiled backends quantise in the kernel."""
+    if fmt is None:
+        return inputs, False, 0.0
     fp8_max = torch.finfo(fmt).max
-    return tuple((x.float() / s.reshape(()).float()).clamp(-fp8_max, fp8_max).to(fmt) for x, s in zip(tensors, scales))
+    if not _device.is_interpreter():
+        return inputs, True, float(fp8_max)
+    return tuple((x[:num_tokens].float() / s.reshape(()).float()).clamp(-fp8_max, fp8_max).to(fmt)
+                 for x, s in zip(inputs, scales)), False, 0.0
 
 
-def _token_tile(width: int) -> tuple[int, int]:
+def _token_tile(width: int, elements: int = _TILE_ELEMENTS) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_D): a column chunk of up to 256 and as many tokens as ``elements`` allows."""
     block_d = min(next_power_of_2(max(width, 1)), _MAX_BLOCK_D)
-    return max(1, min(16, _TILE_ELEMENTS // block_d)), block_d
+    return max(1, min(16, elements // block_d)), block_d
 
 
 def reshape_and_cache_flash(
@@ -312,24 +318,17 @@ def reshape_and_cache_flash(
                                slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
     if num_tokens == 0 or heads == 0 or num_blocks * block_size == 0:
         return
-    quant = fmt is not None
-    if quant and _device.is_interpreter():
-        key, value = _quantised_inputs((key[:num_tokens], value[:num_tokens]), (k_scale, v_scale), fmt)
-        quant = False
-    block_t, block_d = _token_tile(max(head_dim, v_head_dim))
-    scale_placeholder = slot_mapping
-    with device_guard(device):
+    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
+    # half the tile of the MLA ops: 16 x 128 fp8 stores spill 1.7 KB on BMG at 128 GRF, 8 x 128 none
+    block_t, block_d = _token_tile(max(head_dim, v_head_dim), _TILE_ELEMENTS // 2)
+    with device_guard(device):  # the scales are not read unless QUANT (slot_mapping stands in)
         _reshape_and_cache_flash_kernel[(cdiv(num_tokens, block_t), heads)](
             key, value, key_cache, value_cache, slot_mapping,
-            k_scale if quant else scale_placeholder, v_scale if quant else scale_placeholder,
-            num_tokens, num_blocks * block_size, block_size,
+            k_scale if quant else slot_mapping, v_scale if quant else slot_mapping, num_tokens, num_blocks * block_size, block_size,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-            head_dim, v_head_dim,
-            BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant,
-            FP8_MAX=float(torch.finfo(fmt).max) if quant else 0.0,
-            num_warps=4,
+            head_dim, v_head_dim, BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, num_warps=4,
         )
 
 
@@ -378,19 +377,14 @@ def concat_and_cache_mla(
     device = check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, scale=scale)
     if num_tokens == 0 or num_blocks * block_size == 0 or rank + pe_dim == 0:
         return
-    quant = fmt is not None
-    if quant and _device.is_interpreter():
-        kv_c, k_pe = _quantised_inputs((kv_c[:num_tokens], k_pe[:num_tokens]), (scale, scale), fmt)
-        quant = False
+    (kv_c, k_pe), quant, fp8_max = _store_mode(fmt, (kv_c, k_pe), (scale, scale), num_tokens)
     block_t, block_d = _token_tile(max(rank, pe_dim))
     with device_guard(device):
         _concat_and_cache_mla_kernel[(cdiv(num_tokens, block_t),)](
             kv_c, k_pe, kv_cache, slot_mapping, scale if quant else slot_mapping,
             num_tokens, num_blocks * block_size, block_size, kv_c.stride(0), k_pe.stride(0),
             kv_cache.stride(0), kv_cache.stride(1), rank, pe_dim,
-            BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant,
-            FP8_MAX=float(torch.finfo(fmt).max) if quant else 0.0,
-            num_warps=4,
+            BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, num_warps=4,
         )
 
 
@@ -466,8 +460,7 @@ def gather_and_maybe_dequant_cache(
                                scale=scale, seq_starts=seq_starts)
     if batch == 0 or dst.shape[0] == 0 or width == 0:
         return
-    block_d = min(next_power_of_2(width), _MAX_BLOCK_D)
-    block_t = max(1, min(16, _TILE_ELEMENTS // block_d))
+    block_t, block_d = _token_tile(width)
     with device_guard(device):
         _gather_cache_kernel[(cdiv(dst.shape[0], block_t),)](
             src_cache, dst, block_table, cu_seq_lens,
