@@ -108,6 +108,21 @@ class GridRecorder:
         return getattr(self.kernel, name)
 
 
+def capture_graph(api, run):
+    """Run ``run`` once on a side stream (compiling its kernels), then capture it in a device
+    graph; returns ``(graph, outputs of the captured call)``."""
+    stream = api.Stream()
+    stream.wait_stream(api.current_stream())
+    with api.stream(stream):
+        run()  # compiles outside the capture
+    api.current_stream().wait_stream(stream)
+    api.synchronize()
+    graph = api.CUDAGraph() if api is torch.cuda else api.XPUGraph()
+    with api.graph(graph):
+        outputs = run()
+    return graph, outputs
+
+
 def replay_without_host_sync(api, graph) -> None:
     """Replay a captured device graph; on CUDA any host sync inside it raises (sync debug mode)."""
     if api is torch.cuda:

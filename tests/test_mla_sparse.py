@@ -18,7 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, replay_without_host_sync
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, capture_graph, replay_without_host_sync
 from triton_xpu_attn import flash_mla_sparse_fwd
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -591,15 +591,7 @@ def test_mla_sparse_graph_replay_without_host_sync():
     def run():
         return flash_mla_sparse_fwd(q, kv, idx, 0.05, 512, sink, tl_)
 
-    stream = api.Stream()
-    stream.wait_stream(api.current_stream())
-    with api.stream(stream):
-        run()  # compiles outside the capture
-    api.current_stream().wait_stream(stream)
-    api.synchronize()
-    graph = api.CUDAGraph() if api is torch.cuda else api.XPUGraph()
-    with api.graph(graph):
-        outputs = run()
+    graph, outputs = capture_graph(api, run)
     for new, old in zip(values(), (q, idx, tl_)):
         old.copy_(new)
     replay_without_host_sync(api, graph)

@@ -24,6 +24,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
 )
@@ -461,6 +462,12 @@ def gather_and_maybe_dequant_cache(
     if batch == 0 or dst.shape[0] == 0 or width == 0:
         return
     block_t, block_d = _token_tile(width)
+    # the interpreter's fp32 -> bf16 cast truncates: there a bf16 dst goes through an fp32 stand-in,
+    # whose written elements torch casts back (untouched ones keep their bits, NaN payloads
+    # included); compiled backends store bf16 directly
+    dest = dst
+    (dst,) = interpreter_float32(dst)
+    before = dst.clone() if dst is not dest else None
     with device_guard(device):
         _gather_cache_kernel[(cdiv(dst.shape[0], block_t),)](
             src_cache, dst, block_table, cu_seq_lens,
@@ -470,3 +477,6 @@ def gather_and_maybe_dequant_cache(
             BLOCK_T=block_t, BLOCK_D=block_d, HAS_STARTS=seq_starts is not None, DEQUANT=fmt is not None,
             num_warps=4,
         )
+    if before is not None:  # interpreter only (a host-side comparison)
+        written = dst.view(torch.int32) != before.view(torch.int32)
+        dest[written] = dst[written].to(dest.dtype)
