@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import (FLOAT_DTYPES, cdiv, check_int, check_same_device, check_tensor, device_guard, gdc_wait,
-                       interpreter_float32, next_power_of_2, register_xpu_compile)
+from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_int, check_same_device, check_tensor, device_guard,
+                       gdc_wait, interpreter_float32, next_power_of_2, register_xpu_compile)
 
 
 @triton.jit
@@ -358,17 +358,24 @@ def _merge_states(v_a, s_a, v_b, s_b, v_merged, s_merged, base2: bool):
         check_tensor("s_merged", s_merged, dtypes=(torch.float32,), shape=(n, h))
     if n == 0 or h == 0:
         return v_merged, s_merged
+    _launch_merge(device, v_a, s_a, v_b, s_b, v_merged, s_merged, n, s_merged, BASE2=base2)
+    return v_merged, s_merged
+
+
+def _launch_merge(device, v_a, s_a, v_b, s_b, v_out, s_out, merge_rows, out_scale, **constexprs) -> None:
+    """One ``_merge_state_kernel`` launch over ``[N, H, Dv]`` states whose LSEs are ``[N, H]`` views
+    (any strides: a heads-first LSE passes its transpose); ``constexprs`` pick the kernel's modes."""
+    n, h, dv = v_a.shape
     with device_guard(device):
         _merge_state_kernel[(n, h)](
-            v_a, s_a, v_b, s_b, v_merged, s_merged, h, dv,
-            v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), v_merged.stride(0), v_merged.stride(1),
-            s_a.stride(0), s_a.stride(1), s_b.stride(0), s_b.stride(1), s_merged.stride(0), s_merged.stride(1),
-            n, s_merged,
+            v_a, s_a, v_b, s_b, v_out, s_out, h, dv,
+            v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), v_out.stride(0), v_out.stride(1),
+            s_a.stride(0), s_a.stride(1), s_b.stride(0), s_b.stride(1), s_out.stride(0), s_out.stride(1),
+            merge_rows, out_scale,
             BLOCK_D=next_power_of_2(dv),
-            BASE2=base2,
             num_warps=4,
+            **constexprs,
         )
-    return v_merged, s_merged
 
 
 def merge_attn_states(
@@ -415,11 +422,10 @@ def merge_attn_states(
                  last_dim_contiguous=True)
     for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
         check_tensor(name, lse, dtypes=FLOAT_DTYPES, shape=(h, t))
-    fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
     if output_scale is None:
         check_tensor("output", output, dtypes=(prefix_output.dtype,), shape=(t, h, dv), last_dim_contiguous=True)
     else:
-        check_tensor("output", output, dtypes=fp8 + (prefix_output.dtype,), shape=(t, h, dv),
+        check_tensor("output", output, dtypes=FP8_DTYPES + (prefix_output.dtype,), shape=(t, h, dv),
                      last_dim_contiguous=True)
         check_tensor("output_scale", output_scale, dtypes=(torch.float32,))
         if output_scale.numel() != 1:
@@ -443,21 +449,10 @@ def merge_attn_states(
     prefix_output, suffix_output, output = interpreter_float32(prefix_output, suffix_output, output)
     if _device.is_interpreter() and output.element_size() == 1:
         output = torch.empty(output.shape, dtype=torch.float32, device=device)
-    with device_guard(device):
-        _merge_state_kernel[(t, h)](
-            prefix_output, prefix_lse, suffix_output, suffix_lse, output, lse_out, h, dv,
-            prefix_output.stride(0), prefix_output.stride(1), suffix_output.stride(0), suffix_output.stride(1),
-            output.stride(0), output.stride(1),
-            # LSEs are [H, T]: the kernel reads (token, head) strides
-            prefix_lse.stride(1), prefix_lse.stride(0), suffix_lse.stride(1), suffix_lse.stride(0),
-            lse_out.stride(1), lse_out.stride(0),
-            merge_rows, output_scale if output_scale is not None else prefix_lse,
-            BLOCK_D=next_power_of_2(dv),
-            COPY_TAIL=merge_rows < t,
-            WRITE_LSE=output_lse is not None,
-            HAS_OUT_SCALE=output_scale is not None,
-            OUT_MAX=float(torch.finfo(dest.dtype).max),
-            num_warps=4,
-        )
+    # the LSEs are [H, T]: their transposes are the (token, head) views the kernel reads
+    _launch_merge(device, prefix_output, prefix_lse.T, suffix_output, suffix_lse.T, output, lse_out.T, merge_rows,
+                  output_scale if output_scale is not None else prefix_lse,
+                  COPY_TAIL=merge_rows < t, WRITE_LSE=output_lse is not None, HAS_OUT_SCALE=output_scale is not None,
+                  OUT_MAX=float(torch.finfo(dest.dtype).max))
     if output is not dest:
         dest.copy_(output)
