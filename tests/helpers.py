@@ -108,13 +108,14 @@ class GridRecorder:
         return getattr(self.kernel, name)
 
 
-def capture_graph(api, run):
-    """Run ``run`` once on a side stream (compiling its kernels), then capture it in a device
-    graph; returns ``(graph, outputs of the captured call)``."""
+def capture_graph(api, run, warmups: int = 1):
+    """Run ``run`` ``warmups`` times on a side stream (compiling its kernels), then capture it in a
+    device graph; returns ``(graph, outputs of the captured call)``."""
     stream = api.Stream()
     stream.wait_stream(api.current_stream())
     with api.stream(stream):
-        run()  # compiles outside the capture
+        for _ in range(warmups):
+            run()  # compiles outside the capture
     api.current_stream().wait_stream(stream)
     api.synchronize()
     graph = api.CUDAGraph() if api is torch.cuda else api.XPUGraph()

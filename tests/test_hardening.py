@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import DEVICE, INTERPRET, assert_close
+from helpers import DEVICE, INTERPRET, assert_close, capture_graph
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import (
@@ -1025,17 +1025,8 @@ def _graph_api():
 
 
 def _capture(api, fn):
-    stream = api.Stream()
-    stream.wait_stream(api.current_stream())
-    with api.stream(stream):  # warm up (compiles the kernels) outside the capture
-        fn()
-        fn()
-    api.current_stream().wait_stream(stream)
-    api.synchronize()
-    graph = api.CUDAGraph() if api is torch.cuda else api.XPUGraph()
-    with api.graph(graph):
-        outputs = fn()
-    return graph, outputs
+    """``fn`` captured in a device graph after two warm-up calls (helpers.capture_graph)."""
+    return capture_graph(api, fn, warmups=2)
 
 
 @pytest.mark.gpu
