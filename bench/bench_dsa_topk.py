@@ -2,7 +2,8 @@
 ``fast_topk_transform_ragged_fused``, ``fast_topk_v2``) against ``torch.topk`` plus the transform
 written in torch.
 
-    python bench/bench_dsa_topk.py [--quick] [--out DIR] [--ops transform,ragged,v2] [--no-graph]
+    python bench/bench_dsa_topk.py [--quick] [--out DIR] [--ops transform,ragged,v2] [--kinds decode,prefill]
+                                   [--no-graph] [--time-budget S]
 
 Shapes are DeepSeek-V3.2's (topk 2048):
 
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few shapes (under the CPU interpreter: one tiny case)")
     parser.add_argument("--out", default=str(common.RESULTS_DIR), help="results folder (a <device_key>/ folder is made in it)")
     parser.add_argument("--ops", default="transform,ragged,v2", help="comma-separated: transform, ragged, v2")
+    parser.add_argument("--kinds", default="decode,prefill", help="comma-separated: decode, prefill")
     parser.add_argument("--no-graph", action="store_true", help="eager times only")
     parser.add_argument("--time-budget", type=float, default=None, help="start no new case after this many seconds")
     args = parser.parse_args(argv)
@@ -174,9 +176,10 @@ def main(argv=None) -> int:
         cases = [lambda B=B, L=L: decode_case(B, 1, L, device, gen) for B in (1, 64) for L in (4096, 131072)]
         cases += [lambda: decode_case(32, 2, 65536, device, gen), lambda: prefill_case(4096, 61440, device, gen)]
     else:
+        kinds = set(args.kinds.split(","))
         cases = [lambda B=B, n=n, L=L: decode_case(B, n, L, device, gen)
-                 for B in DECODE_B for n in DECODE_NEXT_N for L in DECODE_L]
-        cases += [lambda r=r, p=p: prefill_case(r, p, device, gen) for r, p in PREFILL]
+                 for B in DECODE_B for n in DECODE_NEXT_N for L in DECODE_L] if "decode" in kinds else []
+        cases += [lambda r=r, p=p: prefill_case(r, p, device, gen) for r, p in PREFILL] if "prefill" in kinds else []
 
     print(common.header())
     print(f"command: {common.command_line()}")

@@ -516,6 +516,10 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     config = tune.lookup(op, fields, _heuristic_config(group, dtype, cache), device=device)
     block_h = _pow2_at_least_16(config["BLOCK_H"], "BLOCK_H")
     block_n = _pow2_at_least_16(config["BLOCK_N"], "BLOCK_N")
+    if cache not in (None, "plain") and block_n > 64 and _device.backend() == "cuda":
+        # compiled for sm_90 (Triton 3.6), 64 heads x 128 fp8 entries dequantised in registers gave
+        # wrong outputs (relative error ~1; the interpreter's are right): refused, not run
+        raise ValueError(f"BLOCK_N must be at most 64 for fp8 caches on CUDA, got {block_n}")
     score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
     if score_chunk:
         score_chunk = _pow2_at_least_16(score_chunk, "SCORE_CHUNK")

@@ -148,18 +148,19 @@ _MIN_SPLIT_ENTRIES = 256
 _PROGRAMS_PER_UNIT = 2
 
 
-def _splits(programs: int, entries: int, block_n: int, compute_units: int, forced: int) -> tuple[int, int]:
-    """``(splits, split_len)``: enough splits to give the device ``_PROGRAMS_PER_UNIT`` programs
-    per compute unit, each at least ``_MIN_SPLIT_ENTRIES`` entries (a multiple of ``block_n``);
-    ``forced`` > 0: that many (a config's ``SPLITS``)."""
+def _splits(programs: int, entries: int, block_n: int, compute_units: int, forced: int,
+            waves: int = _PROGRAMS_PER_UNIT) -> tuple[int, int]:
+    """``(splits, split_len)``: enough splits to give the device ``waves`` programs per compute
+    unit (a config's ``waves``; heavy tiles want fewer), each at least ``_MIN_SPLIT_ENTRIES``
+    entries (a multiple of ``block_n``); ``forced`` > 0: that many (a config's ``SPLITS``)."""
     if entries <= 0:
         return 1, block_n
     if forced > 0:
         want = forced
-    elif programs >= _PROGRAMS_PER_UNIT * compute_units:
+    elif programs >= waves * compute_units:
         return 1, block_n
     else:
-        want = min(cdiv(_PROGRAMS_PER_UNIT * compute_units, max(programs, 1)), cdiv(entries, _MIN_SPLIT_ENTRIES))
+        want = min(cdiv(waves * compute_units, max(programs, 1)), cdiv(entries, _MIN_SPLIT_ENTRIES))
     want = max(1, min(want, MAX_SPLITS, cdiv(entries, block_n)))
     split_len = cdiv(cdiv(entries, want), block_n) * block_n
     return cdiv(entries, split_len), split_len
@@ -427,7 +428,8 @@ def flash_mla_with_kvcache(
     compute_units = _device.compute_units(device)
     programs = tokens * tiles["programs_per_token"]
     splits, split_len = _splits(programs, topk + x_topk, tiles["BLOCK_N"], compute_units,
-                                int(tiles["config"].get("SPLITS", 0) or 0))
+                                int(tiles["config"].get("SPLITS", 0) or 0),
+                                int(tiles["config"].get("waves", _PROGRAMS_PER_UNIT)))
     common = dict(
         grid=(tokens, tiles["programs_per_token"], splits), device=device,
         q=q, q_strides=(q.stride(0), q.stride(1), q.stride(2)),
