@@ -852,3 +852,110 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, bat
             else:
                 out[t] = 0
     return out
+
+
+# ---- AppendKV of flash_attn_with_kvcache (FlashAttention-3's contract) ----
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions, interleaved: bool,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``x [n, H, D]`` (in ``dtype``) with its first ``2 * cos.shape[1]`` channels rotated, row ``r``
+    at ``positions[r]``: pairs ``(2j, 2j+1)`` (interleaved) or ``(j, j + rotary_dim / 2)``; a
+    position outside ``[0, cos.shape[0])`` is not rotated."""
+    x = _as_float(x, dtype)
+    half = cos.shape[1]
+    pos = torch.as_tensor(positions, dtype=torch.long, device=x.device).reshape(-1)
+    inside = (pos >= 0) & (pos < cos.shape[0])
+    c = torch.where(inside[:, None], cos.to(dtype)[pos.clamp(0, cos.shape[0] - 1)], torch.ones((), dtype=dtype))
+    s = torch.where(inside[:, None], sin.to(dtype)[pos.clamp(0, cos.shape[0] - 1)], torch.zeros((), dtype=dtype))
+    c, s = c[:, None, :], s[:, None, :]
+    out = x.clone()
+    if interleaved:
+        x1, x2 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+        out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = x1 * c - x2 * s, x2 * c + x1 * s
+    else:
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        out[..., :half], out[..., half : 2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
+    return out
+
+
+def flash_attn_with_kvcache_append(
+    q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, page_table=None, cache_batch_idx=None, cache_leftpad=None,
+    cu_seqlens_q=None, cu_seqlens_k_new=None, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
+    rotary_interleaved: bool = True, softmax_scale=None, causal: bool = False, window_size=(-1, -1),
+    softcap: float = 0.0, sinks=None, k_descale=None, v_descale=None, dtype: torch.dtype = torch.float64,
+):
+    """FlashAttention-3's ``flash_attn_with_kvcache`` with new keys: ``(out, lse, k_cache', v_cache')``
+    (the caches as copies after the append).
+
+    New token ``i`` of request ``b`` (``k``/``v`` ``[B, S_new, ...]``, or ragged with
+    ``cu_seqlens_k_new``) goes to position ``cache_seqlens[b] + i`` of cache row
+    ``r = cache_batch_idx[b]`` (``b`` without it): ``page_table[r]``'s pages, or ``k_cache[r]`` of a
+    contiguous ``[B_cache, S, H_kv, D]`` cache; keys rotated at ``rotary_seqlens[b] + i``
+    (``cache_seqlens[b]`` without it), stored quantised (``x / descale``) into fp8 caches. Then
+    attention of the queries (rotated at ``rotary_seqlens[b] + t`` when causal or local, else all
+    at ``rotary_seqlens[b]``) over positions ``cache_leftpad[b] .. cache_seqlens[b] + new_len - 1``
+    of the row, bottom-right aligned over those keys. The positions must fit the row."""
+    k_out, v_out = k_cache.clone(), v_cache.clone()
+    if q.dim() == 4:
+        batch, s = q.shape[:2]
+        cu_seqlens_q = torch.arange(batch + 1) * s
+        q = q.reshape(batch * s, *q.shape[2:])
+    cu_q = [int(x) for x in cu_seqlens_q.tolist()]
+    batch = len(cu_q) - 1
+    if k is not None and k.dim() == 4:
+        cu_seqlens_k_new = torch.arange(batch + 1) * k.shape[1]
+        k, v = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+    cu_k = [int(x) for x in cu_seqlens_k_new.tolist()] if k is not None else [0] * (batch + 1)
+    seqlens = [int(x) for x in torch.as_tensor(cache_seqlens).reshape(-1).expand(batch).tolist()]
+    base = seqlens if rotary_seqlens is None else [int(x) for x in rotary_seqlens.tolist()]
+    num_kv_heads = k_cache.shape[2]
+    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+    def slot(r: int, pos: int):
+        if page_table is None:
+            return (r, pos)
+        p = k_cache.shape[1]
+        return (int(page_table[r, pos // p]), pos % p)
+
+    rows = [b if cache_batch_idx is None else int(cache_batch_idx[b]) for b in range(batch)]
+    for b in range(batch):
+        n = cu_k[b + 1] - cu_k[b]
+        if n == 0:
+            continue
+        kb = k[cu_k[b] : cu_k[b + 1]]
+        if rotary_cos is not None:
+            kb = apply_rotary(kb, rotary_cos, rotary_sin, [base[b] + i for i in range(n)], rotary_interleaved, dtype)
+        vb = v[cu_k[b] : cu_k[b + 1]]
+        for i in range(n):
+            where = slot(rows[b], seqlens[b] + i)
+            if fp8 and k.dtype != k_cache.dtype:  # x / descale in fp32, saturated, rounded to nearest
+                for src, dst, scale in ((kb[i], k_out, k_descale), (vb[i], v_out, v_descale)):
+                    x = src.to(torch.float32) / _descale(scale, b, num_kv_heads, torch.float32, q.device)[:, None]
+                    dst[where] = x.clamp(-torch.finfo(dst.dtype).max, torch.finfo(dst.dtype).max).to(dst.dtype)
+            else:
+                k_out[where] = kb[i].to(k_cache.dtype)
+                v_out[where] = vb[i].to(v_cache.dtype)
+    left, right = window_size
+    local = left >= 0 or right >= 0 or causal
+    num_q_heads = q.shape[1]
+    out = torch.zeros(q.shape[0], num_q_heads, v_cache.shape[3], dtype=dtype)
+    lse = torch.full((num_q_heads, q.shape[0]), -math.inf, dtype=dtype)
+    for b in range(batch):
+        q_len = cu_q[b + 1] - cu_q[b]
+        total = seqlens[b] + cu_k[b + 1] - cu_k[b]
+        lp = 0 if cache_leftpad is None else min(max(int(cache_leftpad[b]), 0), total)
+        qb = q[cu_q[b] : cu_q[b + 1]]
+        if rotary_cos is not None:
+            qb = apply_rotary(qb, rotary_cos, rotary_sin, [base[b] + (t if local else 0) for t in range(q_len)],
+                              rotary_interleaved, dtype)
+        keys = torch.stack([k_out[slot(rows[b], p)] for p in range(lp, total)]) if total > lp else k_out[:0, 0]
+        vals = torch.stack([v_out[slot(rows[b], p)] for p in range(lp, total)]) if total > lp else v_out[:0, 0]
+        o, s = paged_attention(
+            qb, keys[None], vals[None], torch.tensor([total - lp]), torch.zeros(1, 1, dtype=torch.long),
+            torch.tensor([0, q_len]), softmax_scale=softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5,
+            causal=causal, window_size=window_size, softcap=softcap, sinks=sinks,
+            k_descale=None if k_descale is None else _descale(k_descale, b, num_kv_heads, dtype, q.device),
+            v_descale=None if v_descale is None else _descale(v_descale, b, num_kv_heads, dtype, q.device), dtype=dtype)
+        out[cu_q[b] : cu_q[b + 1]], lse[:, cu_q[b] : cu_q[b + 1]] = o, s
+    return out, lse, k_out, v_out

@@ -108,6 +108,25 @@ def _concat_and_cache_mla_kernel(
 
 
 @triton.jit
+def request_of(t, cu_ptr, batch, search_steps, BLOCK_T: tl.constexpr):
+    """Kernel helper: request of each row ``t`` (int64 ``[BLOCK_T]``) by a binary search of the
+    cumulative offsets ``cu [batch + 1]`` (the largest ``b`` with ``cu[b] <= t``, ``search_steps =
+    batch.bit_length()`` probes): ``(b, start, end)`` with ``[start, end)`` the request's rows;
+    ``b == batch`` (``end = 0``) for a row at or past ``cu[batch]``. Every probe stays inside ``cu``."""
+    lo = tl.zeros([BLOCK_T], dtype=tl.int64)
+    hi = lo + batch + 1  # the answer lies in [lo, hi); every probe is an index of cu[0 .. batch]
+    for _ in range(search_steps):
+        active = hi - lo > 1
+        mid = (lo + hi) // 2
+        below = tl.load(cu_ptr + mid, mask=active, other=0).to(tl.int64) <= t
+        lo = tl.where(active & below, mid, lo)
+        hi = tl.where(active & ~below, mid, hi)
+    start = tl.load(cu_ptr + lo).to(tl.int64)
+    end = tl.load(cu_ptr + lo + 1, mask=lo < batch, other=0).to(tl.int64)
+    return lo, start, end
+
+
+@triton.jit
 def _gather_cache_kernel(
     src_ptr, dst_ptr, block_table_ptr, cu_ptr, starts_ptr, scale_ptr,
     dst_rows, batch, search_steps, num_blocks, max_blocks, block_size,
@@ -118,17 +137,7 @@ def _gather_cache_kernel(
     (the largest ``b`` with ``cu[b] <= t``), then copies (dequantises) its cache entry; a row of no
     request is left untouched, a row of a request whose page lies outside the table / cache is 0."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    lo = tl.zeros([BLOCK_T], dtype=tl.int64)
-    hi = lo + batch + 1  # the answer lies in [lo, hi); every probe is an index of cu[0 .. batch]
-    for _ in range(search_steps):
-        active = hi - lo > 1
-        mid = (lo + hi) // 2
-        below = tl.load(cu_ptr + mid, mask=active, other=0).to(tl.int64) <= t
-        lo = tl.where(active & below, mid, lo)
-        hi = tl.where(active & ~below, mid, hi)
-    b = lo
-    start = tl.load(cu_ptr + b).to(tl.int64)
-    end = tl.load(cu_ptr + b + 1, mask=b < batch, other=0).to(tl.int64)
+    b, start, end = request_of(t, cu_ptr, batch, search_steps, BLOCK_T)
     row_ok = (t < dst_rows) & (b < batch) & (start <= t) & (t < end)
     pos = t - start
     if HAS_STARTS:
