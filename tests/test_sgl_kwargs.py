@@ -3,7 +3,9 @@
 Arguments that change nothing on their own (``rotary_seqlens`` and ``rotary_interleaved`` without
 ``rotary_cos``; the hints ``max_seqlen_k``, ``scheduler_metadata``, ``pack_gqa``, ``sm_margin``) are
 accepted and ignored: the output is bitwise the call without them. Arguments that would change the
-result and are not implemented raise ``ValueError`` naming the argument."""
+result and are not implemented (``qv``, ``q_descale``), and AppendKV arguments without their partners
+(``k`` without ``v``, rotary or ``cu_seqlens_k_new`` without ``k``), raise ``ValueError`` naming the
+argument."""
 from __future__ import annotations
 
 import inspect
@@ -57,14 +59,7 @@ def test_arguments_without_effect_are_accepted_and_ignored():
 @pytest.mark.parametrize(
     "name, make",
     [
-        ("k", lambda: torch.zeros(2, 1, 2, 64)),
-        ("v", lambda: torch.zeros(2, 1, 2, 64)),
         ("qv", lambda: torch.zeros(2, 1, 4, 64)),
-        ("rotary_cos", lambda: torch.zeros(8, 16)),
-        ("rotary_sin", lambda: torch.zeros(8, 16)),
-        ("cache_batch_idx", lambda: torch.zeros(2, dtype=torch.int32)),
-        ("cache_leftpad", lambda: torch.zeros(2, dtype=torch.int32)),
-        ("cu_seqlens_k_new", lambda: torch.zeros(3, dtype=torch.int32)),
         ("q_descale", lambda: torch.ones(1)),
     ],
 )
@@ -73,6 +68,23 @@ def test_arguments_that_change_the_result_raise_naming_themselves(name, make):
     with pytest.raises(ValueError) as info:
         flash_attn_with_kvcache(**x, **{name: make().to(DEVICE)})
     assert str(info.value).startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        (dict(k=lambda: torch.zeros(2, 1, 2, 64)), "v"),
+        (dict(v=lambda: torch.zeros(2, 1, 2, 64)), "k"),
+        (dict(rotary_cos=lambda: torch.zeros(8, 16), rotary_sin=lambda: torch.zeros(8, 16)), "rotary_cos"),
+        (dict(cu_seqlens_k_new=lambda: torch.zeros(3, dtype=torch.int32)), "cu_seqlens_k_new"),
+    ],
+)
+def test_append_arguments_without_their_partner_raise_naming_it(given, named):
+    """AppendKV arguments (k / v, rotary, cu_seqlens_k_new) only work together: one alone raises."""
+    x = _problem()
+    with pytest.raises(ValueError) as info:
+        flash_attn_with_kvcache(**x, **{name: make().to(DEVICE) for name, make in given.items()})
+    assert str(info.value).startswith(f"{named}: ")
 
 
 def test_rotary_seqlens_with_rotary_cos_names_rotary_cos():

@@ -347,10 +347,12 @@ def _append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cac
     tokens are written (ops/append_kv.py), then the attention runs over ``cache_seqlens + new``
     keys of each cache row through a page table built on the device."""
     if (k is None) != (v is None):
-        raise ValueError("k and v must be given together (the new keys and values to append)")
+        missing = "v" if v is None else "k"
+        raise ValueError(f"{missing}: the new keys k and values v to append must be given together")
     for name, value in (("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if value is not None and k is None:
-            raise ValueError(f"{name} is only used with new keys k and values v to append (FlashAttention-3's contract)")
+            raise ValueError(f"{name}: only used with new keys k and values v to append (FlashAttention-3's contract); "
+                             f"without them the cache holds every key already")
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
     check_tensor("k_cache", k_cache, ndim=4, last_dim_contiguous=True)
     fp8_cache = k_cache.dtype in FP8_DTYPES
@@ -409,14 +411,14 @@ def _append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cac
         check_tensor("v", v, dtypes=(k.dtype,), ndim=k.dim(), last_dim_contiguous=True)
         if k.dim() == 4:
             if cu_seqlens_k_new is not None:
-                raise ValueError("cu_seqlens_k_new must not be given with a 4-D k [B, S_new, H_kv, D]")
+                raise ValueError("cu_seqlens_k_new: must not be given with a 4-D k [B, S_new, H_kv, D]")
             check_tensor("k", k, shape=(batch, None, num_kv_heads, head_dim))
             check_tensor("v", v, shape=(batch, k.shape[1], num_kv_heads, head_dim_v))
             new_rows = _append.Rows(batch, batch * k.shape[1], seq_len=k.shape[1])
             k, v = k.reshape(-1, num_kv_heads, head_dim), v.reshape(-1, num_kv_heads, head_dim_v)
         else:
             if cu_seqlens_k_new is None:
-                raise ValueError("cu_seqlens_k_new ([B + 1] int32) is required with a 3-D k [total_new, H_kv, D]")
+                raise ValueError("cu_seqlens_k_new: [B + 1] int32 offsets are required with a 3-D k [total_new, H_kv, D]")
             check_tensor("cu_seqlens_k_new", cu_seqlens_k_new, dtypes=(torch.int32,), shape=(batch + 1,))
             check_tensor("k", k, shape=(None, num_kv_heads, head_dim))
             check_tensor("v", v, shape=(k.shape[0], num_kv_heads, head_dim_v))
@@ -425,12 +427,13 @@ def _append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cac
     rotary = None
     if rotary_cos is not None or rotary_sin is not None:
         if rotary_cos is None or rotary_sin is None:
-            raise ValueError("rotary_cos and rotary_sin must be given together")
+            raise ValueError(f"{'rotary_sin' if rotary_sin is None else 'rotary_cos'}: rotary_cos and rotary_sin "
+                             f"must be given together")
         check_tensor("rotary_cos", rotary_cos, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
         check_tensor("rotary_sin", rotary_sin, dtypes=FLOAT_DTYPES, shape=tuple(rotary_cos.shape), last_dim_contiguous=True)
         if not 0 < 2 * rotary_cos.shape[1] <= head_dim:
-            raise ValueError(f"rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head dim {head_dim}], got "
-                             f"{2 * rotary_cos.shape[1]}")
+            raise ValueError(f"rotary_cos: rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head dim {head_dim}], "
+                             f"got {2 * rotary_cos.shape[1]}")
         if k.dtype != q.dtype:
             raise ValueError("rotary_cos: keys k given in the cache's fp8 dtype cannot be rotated: pass k in q's dtype")
         if rotary_sin.stride(0) != rotary_cos.stride(0):
