@@ -32,7 +32,10 @@ from .. import device as _device
 from .._common import FP8_DTYPES, cdiv, device_guard, next_power_of_2, register_xpu_compile
 from .kv_cache import _store_rows, request_of
 
-_TILE_ELEMENTS = 1024  # elements of one [BLOCK_T, BLOCK_D] tile
+# elements of one [BLOCK_T, BLOCK_D] tile: the rotation holds four fp32 tiles (x, its pair, cos,
+# sin) and gathers through 64-bit addresses; 8 x 128 spilled 384-576 B a thread on PVC / BMG (the
+# q rotation 1280 B on BMG at 128 GRF), 4 x 128 none
+_TILE_ELEMENTS = 512
 _MAX_BLOCK_D = 128  # widest column chunk (rows loop over chunks)
 
 
@@ -171,7 +174,7 @@ def _register_compile_variants() -> None:
         seq_len="i32", cos_ptr="*bf16", sin_ptr="*bf16", stride_cs="i32", seqlen_ro="i32", rotary_half="i32",
         base_ptr="*i32", k_scale_ptr="*fp32", stride_ks_b="i32", stride_ks_h="i32", v_scale_ptr="*fp32",
         stride_vs_b="i32", stride_vs_h="i32", head_dim="i32", head_dim_v="i32",
-        PAGED=True, HAS_BATCH_IDX=False, UNIFORM=False, INTERLEAVED=False, BLOCK_T=8, BLOCK_D=128,
+        PAGED=True, HAS_BATCH_IDX=False, UNIFORM=False, INTERLEAVED=False, BLOCK_T=4, BLOCK_D=128,
     )
     register_xpu_compile(_append_kv_kernel, "append_kv bf16,D128,rotary", dict(
         common, k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", ROTARY=True,
@@ -183,7 +186,7 @@ def _register_compile_variants() -> None:
         src_ptr="*bf16", stride_src_t="i64", stride_src_h="i32", dst_ptr="*bf16", stride_dst_t="i64",
         stride_dst_h="i32", cos_ptr="*bf16", sin_ptr="*bf16", stride_cs="i32", seqlen_ro="i32", rotary_half="i32",
         base_ptr="*i32", cu_ptr="*i32", num_rows="i32", batch="i32", search_steps="i32", seq_len="i32",
-        head_dim="i32", POSITIONAL=True, UNIFORM=False, INTERLEAVED=False, BLOCK_T=8, BLOCK_D=128), num_warps=4)
+        head_dim="i32", POSITIONAL=True, UNIFORM=False, INTERLEAVED=False, BLOCK_T=4, BLOCK_D=128), num_warps=4)
 
 
 _register_compile_variants()
