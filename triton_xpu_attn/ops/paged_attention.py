@@ -178,7 +178,8 @@ def flash_attn_with_kvcache(
     out: torch.Tensor | None = None,
     validate: bool = False,
 ):
-    """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill).
+    """Attention of new query tokens over a paged KV cache (decode, drafts, chunked prefill),
+    optionally appending new keys / values (with rotary embedding) into the cache in the same call.
 
     Drop-in for sgl-kernel-xpu's ``flash_attn_with_kvcache`` (same keyword names). The causal mask
     and windows are bottom-right aligned: query ``t`` of a request with ``q_len`` queries sits at
@@ -195,16 +196,42 @@ def flash_attn_with_kvcache(
         with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
         or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
         power of two from 1 to 2048. Offsets are 64-bit: caches beyond 2^31 elements work.
-    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, q_descale
+        With ``page_table=None``: a contiguous cache ``[B_cache, S, H_kv, D]`` / ``[.., Dv]``
+        (request ``b`` reads row ``cache_batch_idx[b]``, or ``b``), whose dim 0 stride is a whole
+        number of token rows.
+    k, v : torch.Tensor, optional
+        New tokens to append (FlashAttention-3's AppendKV): ``[B, S_new, H_kv, D]`` /
+        ``[B, S_new, H_kv, Dv]``, or ragged ``[total_new, H_kv, D]`` with ``cu_seqlens_k_new``; q's
+        dtype (or, into an fp8 cache, the cache's dtype: copied as is); last dim contiguous. Token
+        ``i`` of request ``b`` is written in place at position ``cache_seqlens[b] + i`` of its
+        cache row (into an fp8 cache as ``x / descale``, saturated); the attention then covers
+        ``cache_seqlens[b] + new_len`` keys. A token whose position lies past the row (table width
+        x page size, or ``S``), whose row or page id lies outside the table / pool writes nothing.
+    qv, q_descale
         Accepted for signature compatibility; anything but ``None`` raises ``ValueError`` naming
-        the argument (these features would change the result and are not implemented; they are
-        never silently dropped).
+        the argument (not implemented, never silently dropped).
+    rotary_cos, rotary_sin : torch.Tensor, optional
+        ``[seqlen_ro, rotary_dim / 2]`` (only with ``k``): the first ``rotary_dim`` channels of the
+        new keys rotate at positions ``rotary_seqlens[b] + i``, the queries (a rotated copy) at
+        ``rotary_seqlens[b] + t`` when causal or local, else all at ``rotary_seqlens[b]``
+        (FlashAttention-3); a position outside ``[0, seqlen_ro)`` is not rotated.
+    cache_batch_idx : torch.Tensor, optional
+        ``[B]`` int32: cache row of each request (a row of ``page_table``, or of a contiguous
+        cache); an entry outside gives the request no key (output 0) and writes nothing.
+    cache_leftpad : torch.Tensor, optional
+        ``[B]`` int32: first valid key position of each row (keys before it are never read;
+        clamped into ``[0, cache_seqlens + new_len]``). With a paged cache its pages must hold
+        consecutive tokens (``stride(0) == page_size * stride(1)``).
+    cu_seqlens_k_new : torch.Tensor, optional
+        ``[B + 1]`` int32 offsets of each request's new tokens in a 3-D ``k`` / ``v``.
     cache_seqlens : torch.Tensor or int
-        ``[B]`` int32: KV length of each request, including the new tokens (an int means all).
-    page_table : torch.Tensor
-        ``[B, max_pages]`` int32, **page-granular**: physical page of each logical page.
-        ``cache_seqlens[b] <= max_pages * page_size`` is required (``validate=True`` checks it; the
-        kernel clamps longer lengths to the table rather than read past it).
+        ``[B]`` int32: KV length of each request already in the cache; without ``k`` that includes
+        the new tokens (an int means all). Not modified by an append.
+    page_table : torch.Tensor, optional
+        ``[B, max_pages]`` int32 (``[rows, max_pages]`` with ``cache_batch_idx``),
+        **page-granular**: physical page of each logical page. ``cache_seqlens[b] <= max_pages *
+        page_size`` is required (``validate=True`` checks it; the kernel clamps longer lengths to
+        the table rather than read past it). None: ``k_cache`` is a contiguous cache.
     cu_seqlens_q : torch.Tensor, optional
         ``[B + 1]`` int32 cumulative query lengths; required with a 3-D ``q``.
     max_seqlen_q : int, optional
@@ -213,9 +240,12 @@ def flash_attn_with_kvcache(
         are found by a binary search on the device.
     max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin
         Hints accepted for compatibility and ignored (GQA packing is always on).
-    rotary_seqlens, rotary_interleaved
-        Accepted and ignored: they only qualify ``rotary_cos``/``rotary_sin``, which must be
-        ``None`` (sglang's XPU backend passes ``rotary_seqlens`` on every call).
+    rotary_seqlens : torch.Tensor, optional
+        ``[B]`` int32 rotary position of each request's first new token (default
+        ``cache_seqlens``); ignored without ``rotary_cos`` (sglang's XPU backend passes it on every
+        call).
+    rotary_interleaved : bool
+        Rotate channel pairs ``(2j, 2j + 1)`` (True) or ``(j, j + rotary_dim / 2)`` (GPT-NeoX).
     k_descale, v_descale : float or torch.Tensor, optional
         Dequantisation factors of an fp8 cache: a scalar, ``[B]`` or ``[B, H_kv]`` (a dim of size 1
         or stride 0 broadcasts: vLLM's ``scale.expand(num_seqs, H)``). The K factor folds into the
@@ -259,7 +289,7 @@ def flash_attn_with_kvcache(
     if (k is not None or v is not None or page_table is None or cache_batch_idx is not None
             or cache_leftpad is not None or rotary_cos is not None or rotary_sin is not None
             or cu_seqlens_k_new is not None):
-        return _append_and_attend(
+        return _append.append_and_attend(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens=cache_seqlens, page_table=page_table,
             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens,
@@ -334,140 +364,6 @@ def flash_attn_with_kvcache(
         cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
         uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
         window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
-        return_softmax_lse=return_softmax_lse, out=out,
-    )
-
-
-def _append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cache_seqlens, page_table,
-                       cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-                       k_descale, v_descale, softmax_scale, sinks, causal, window_size, softcap, rotary_interleaved,
-                       num_splits, return_softmax_lse, out, validate):
-    """``flash_attn_with_kvcache`` with FlashAttention-3's AppendKV (``k``/``v``, rotary),
-    ``cache_batch_idx``, ``cache_leftpad`` or a contiguous cache (``page_table`` None): the new
-    tokens are written (ops/append_kv.py), then the attention runs over ``cache_seqlens + new``
-    keys of each cache row through a page table built on the device."""
-    if (k is None) != (v is None):
-        missing = "v" if v is None else "k"
-        raise ValueError(f"{missing}: the new keys k and values v to append must be given together")
-    for name, value in (("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-        if value is not None and k is None:
-            raise ValueError(f"{name}: only used with new keys k and values v to append (FlashAttention-3's contract); "
-                             f"without them the cache holds every key already")
-    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=(3, 4), last_dim_contiguous=True)
-    check_tensor("k_cache", k_cache, ndim=4, last_dim_contiguous=True)
-    fp8_cache = k_cache.dtype in FP8_DTYPES
-    if k_cache.dtype != q.dtype and not fp8_cache:
-        raise TypeError(f"k_cache's dtype ({dtype_names([k_cache.dtype])}) must be q's ({dtype_names([q.dtype])}) or fp8")
-    check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, last_dim_contiguous=True)
-    entries, length, num_kv_heads, head_dim = k_cache.shape
-    if tuple(v_cache.shape[:3]) != (entries, length, num_kv_heads):
-        raise ValueError(f"v_cache must have shape [{entries}, {length}, {num_kv_heads}, Dv] like k_cache, got "
-                         f"{list(v_cache.shape)}")
-    head_dim_v = v_cache.shape[3]
-    _check_heads(q, "k_cache", num_kv_heads, head_dim, head_dim_v)
-    if page_table is not None:
-        check_page_size(length, "page_size (k_cache.shape[1])")
-        check_tensor("page_table", page_table, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
-    if q.dim() == 4:
-        if cu_seqlens_q is not None:
-            raise ValueError("cu_seqlens_q must not be given with a 4-D q [B, S, Hq, D]")
-        batch, uniform_q_len = q.shape[:2]
-        q_rows = _append.Rows(batch, batch * uniform_q_len, seq_len=uniform_q_len)
-        q = q.reshape(batch * uniform_q_len, q.shape[2], head_dim)
-        mapping, max_q = _UNIFORM, uniform_q_len
-    else:
-        if cu_seqlens_q is None:
-            raise ValueError("cu_seqlens_q ([B + 1] int32) is required with a 3-D q [total_q, Hq, D]")
-        check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1)
-        if cu_seqlens_q.shape[0] < 1:
-            raise ValueError("cu_seqlens_q must have B + 1 >= 1 entries")
-        cu_seqlens_q = cu_seqlens_q.contiguous()
-        batch, uniform_q_len = cu_seqlens_q.shape[0] - 1, 0
-        q_rows = _append.Rows(batch, q.shape[0], cu=cu_seqlens_q)
-        max_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0, allow_none=True) or None
-        mapping = _PER_REQUEST if max_q is not None else _SEARCH
-    rows_name, rows = ("page_table", page_table.shape[0]) if page_table is not None else ("k_cache", entries)
-    if cache_batch_idx is None and rows != batch:
-        raise ValueError(f"{rows_name} has {rows} rows but there are {batch} requests: without cache_batch_idx "
-                         f"both need one per request")
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
-    cache_seqlens = cache_seqlens.contiguous()
-    if cache_batch_idx is not None:
-        check_tensor("cache_batch_idx", cache_batch_idx, dtypes=(torch.int32,), shape=(batch,))
-        cache_batch_idx = cache_batch_idx.contiguous()
-    if cache_leftpad is not None:
-        check_tensor("cache_leftpad", cache_leftpad, dtypes=(torch.int32,), shape=(batch,))
-    device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
-                               cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
-                               cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, k=k, v=v,
-                               cu_seqlens_k_new=cu_seqlens_k_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                               rotary_seqlens=rotary_seqlens, sinks=sinks, out=out)
-    kv_total = cache_seqlens
-    if k is not None:
-        check_tensor("k", k, dtypes=(q.dtype, k_cache.dtype) if fp8_cache else (q.dtype,), ndim=(3, 4),
-                     last_dim_contiguous=True)
-        check_tensor("v", v, dtypes=(k.dtype,), ndim=k.dim(), last_dim_contiguous=True)
-        if k.dim() == 4:
-            if cu_seqlens_k_new is not None:
-                raise ValueError("cu_seqlens_k_new: must not be given with a 4-D k [B, S_new, H_kv, D]")
-            check_tensor("k", k, shape=(batch, None, num_kv_heads, head_dim))
-            check_tensor("v", v, shape=(batch, k.shape[1], num_kv_heads, head_dim_v))
-            new_rows = _append.Rows(batch, batch * k.shape[1], seq_len=k.shape[1])
-            k, v = k.reshape(-1, num_kv_heads, head_dim), v.reshape(-1, num_kv_heads, head_dim_v)
-        else:
-            if cu_seqlens_k_new is None:
-                raise ValueError("cu_seqlens_k_new: [B + 1] int32 offsets are required with a 3-D k [total_new, H_kv, D]")
-            check_tensor("cu_seqlens_k_new", cu_seqlens_k_new, dtypes=(torch.int32,), shape=(batch + 1,))
-            check_tensor("k", k, shape=(None, num_kv_heads, head_dim))
-            check_tensor("v", v, shape=(k.shape[0], num_kv_heads, head_dim_v))
-            new_rows = _append.Rows(batch, k.shape[0], cu=cu_seqlens_k_new.contiguous())
-        kv_total = cache_seqlens + new_rows.lengths(device)
-    rotary = None
-    if rotary_cos is not None or rotary_sin is not None:
-        if rotary_cos is None or rotary_sin is None:
-            raise ValueError(f"{'rotary_sin' if rotary_sin is None else 'rotary_cos'}: rotary_cos and rotary_sin "
-                             f"must be given together")
-        check_tensor("rotary_cos", rotary_cos, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
-        check_tensor("rotary_sin", rotary_sin, dtypes=FLOAT_DTYPES, shape=tuple(rotary_cos.shape), last_dim_contiguous=True)
-        if not 0 < 2 * rotary_cos.shape[1] <= head_dim:
-            raise ValueError(f"rotary_cos: rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head dim {head_dim}], "
-                             f"got {2 * rotary_cos.shape[1]}")
-        if k.dtype != q.dtype:
-            raise ValueError("rotary_cos: keys k given in the cache's fp8 dtype cannot be rotated: pass k in q's dtype")
-        if rotary_sin.stride(0) != rotary_cos.stride(0):
-            rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
-        base = cache_seqlens
-        if rotary_seqlens is not None:
-            check_tensor("rotary_seqlens", rotary_seqlens, dtypes=(torch.int32,), shape=(batch,))
-            base = rotary_seqlens.contiguous()
-        rotary = (rotary_cos, rotary_sin, base, check_bool(rotary_interleaved, "rotary_interleaved"))
-    k_scale = _as_scale("k_descale", k_descale, batch, num_kv_heads, device)
-    v_scale = _as_scale("v_descale", v_descale, batch, num_kv_heads, device)
-    if k is not None:
-        one = torch.ones((1, 1), dtype=torch.float32, device=device).expand(batch, num_kv_heads)
-        _append.append_kv(k, v, k_cache, v_cache, rows=new_rows, page_table=page_table, cache_seqlens=cache_seqlens,
-                          cache_batch_idx=cache_batch_idx, rotary=rotary, k_scale=one if k_scale is None else k_scale,
-                          v_scale=one if v_scale is None else v_scale)
-    if rotary is not None:
-        # FlashAttention-3: queries rotate at consecutive positions when causal or local, all at
-        # the first otherwise (windows reaching past every key / query count as none)
-        left, right = check_window(window_size)
-        width_k = page_table.shape[1] * length if page_table is not None else length
-        left = -1 if left >= width_k - 1 else left
-        right = 0 if check_bool(causal, "causal") else (-1 if right >= (max_q or q.shape[0]) - 1 else right)
-        q = _append.rotate_rows(q, q_rows, *rotary[:3], positional=left >= 0 or right >= 0, interleaved=rotary[3],
-                                out_dtype=q.dtype)
-    k_pool, v_pool, table, kv_lens = _append.attention_layout(k_cache, v_cache, page_table, batch, kv_total,
-                                                              cache_batch_idx, cache_leftpad)
-    if check_bool(validate, "validate"):
-        _validate(kv_lens, table, k_pool.shape[1], k_pool.shape[0], cu_seqlens_q, uniform_q_len, q.shape[0], max_q)
-    return _launch(
-        q, k_pool, v_pool, device=device, batch=batch, page_table=table, kv_lens=kv_lens, cu_seqlens_k=None,
-        max_kv_len=table.shape[1] * k_pool.shape[1], mapping=mapping, cu_seqlens_q=cu_seqlens_q,
-        uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
-        window_size=window_size, softcap=softcap, k_descale=k_scale, v_descale=v_scale, num_splits=num_splits,
         return_softmax_lse=return_softmax_lse, out=out,
     )
 

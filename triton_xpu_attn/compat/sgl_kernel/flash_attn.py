@@ -58,8 +58,10 @@ def flash_attn_with_kvcache(
     bidirectional_block_ids=None,
 ):
     """sgl-kernel-xpu's ``flash_attn_with_kvcache``: see
-    :func:`triton_xpu_attn.flash_attn_with_kvcache` for every argument. ``cache_seqlens`` and
-    ``page_table`` are required (sglang always passes both). ``softcap=None`` means 0.
+    :func:`triton_xpu_attn.flash_attn_with_kvcache` for every argument (AppendKV ``k`` / ``v`` /
+    ``cu_seqlens_k_new`` with rotary, ``cache_batch_idx``, ``cache_leftpad``, and a contiguous
+    cache with ``page_table=None`` included). ``cache_seqlens`` is required (sglang always passes
+    it). ``softcap=None`` means 0.
 
     Returns ``out [total_q, Hq, Dv]``, or with ``return_softmax_lse`` the 4-tuple
     ``(out, lse [Hq, total_q] fp32, None, None)``.
@@ -71,8 +73,6 @@ def flash_attn_with_kvcache(
         )
     if cache_seqlens is None:
         raise ValueError("cache_seqlens ([B] int32 KV lengths) is required")
-    if page_table is None:
-        raise ValueError("page_table ([B, max_pages] int32) is required: triton_xpu_attn's kvcache attention is paged")
     result = _root.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin,
         cache_seqlens=cache_seqlens, page_table=page_table, cache_batch_idx=cache_batch_idx,
