@@ -29,21 +29,8 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import (
-    FLOAT_DTYPES,
-    FP8_DTYPES,
-    cdiv,
-    check_bool,
-    check_int,
-    check_page_size,
-    check_same_device,
-    check_tensor,
-    check_window,
-    device_guard,
-    dtype_names,
-    next_power_of_2,
-    register_xpu_compile,
-)
+from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_bool, check_int, check_page_size, check_same_device,
+                       check_tensor, check_window, device_guard, dtype_names, next_power_of_2, register_xpu_compile)
 from .kv_cache import _store_rows, request_of
 
 # elements of one [BLOCK_T, BLOCK_D] tile: the rotation holds four fp32 tiles (x, its pair, cos,
