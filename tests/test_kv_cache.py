@@ -221,7 +221,15 @@ def _bad(**change):
                 value_cache=torch.zeros(4, 2, 2, 16), slot_mapping=torch.tensor([0, 5, -1]), kv_cache_dtype="auto",
                 k_scale=None, v_scale=None)
     base.update(change)
-    return {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in base.items()}
+    # moved whole and sliced again on the device: .to() makes a strided view contiguous
+    return {k: (_moved(v) if isinstance(v, torch.Tensor) else v) for k, v in base.items()}
+
+
+def _moved(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() or t.storage_offset() or t.dim() == 0:
+        return t.to(DEVICE)
+    whole = torch.empty_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), dtype=t.dtype)
+    return whole.to(DEVICE).as_strided(t.shape, t.stride())
 
 
 @pytest.mark.parametrize("change, error, match", [

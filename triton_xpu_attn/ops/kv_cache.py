@@ -142,11 +142,14 @@ def _gather_cache_kernel(
     pos = t - start
     if HAS_STARTS:
         pos += tl.load(starts_ptr + b, mask=row_ok, other=0).to(tl.int64)
-    col = tl.where(pos >= 0, pos, 0) // block_size
+    # one clamped position for both the page and the slot (two copies of the select met a layout
+    # mismatch in Triton 3.6's layout passes for sm_90)
+    pos_safe = tl.maximum(pos, 0)
+    col = pos_safe // block_size
     page_ok = row_ok & (pos >= 0) & (col < max_blocks)
     blk = tl.load(block_table_ptr + b * stride_bt_b + col, mask=page_ok, other=-1).to(tl.int64)
     page_ok = page_ok & (blk >= 0) & (blk < num_blocks)
-    src_row = tl.where(page_ok, blk * stride_src_b + (tl.where(pos >= 0, pos, 0) % block_size) * stride_src_s, 0)
+    src_row = tl.where(page_ok, blk * stride_src_b + (pos_safe - col * block_size) * stride_src_s, 0)
     scale = 1.0
     if DEQUANT:
         scale = tl.load(scale_ptr).to(tl.float32)
