@@ -245,6 +245,16 @@ CPU_CALLS = {
         torch.zeros(3, 32), torch.zeros(3, 16), torch.zeros(4, 2, 48), torch.tensor([0, 5, -1]))),
     "gather_and_maybe_dequant_cache": ("src_cache", lambda: tx.gather_and_maybe_dequant_cache(
         torch.zeros(4, 2, 48), torch.zeros(3, 48), _i32([[0, 1], [2, 3]]), _i32([0, 2, 3]), 2)),
+    "reshape_and_cache": ("key", lambda: tx.reshape_and_cache(
+        torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), torch.zeros(4, 2, 2, 2, 8), torch.zeros(4, 2, 16, 2),
+        torch.tensor([0, 5, -1]))),
+    "gather_cache": ("src_cache", lambda: tx.gather_cache(
+        torch.zeros(4, 2, 48), torch.zeros(3, 48), _i32([[0, 1], [2, 3]]), _i32([0, 2, 3]), 2)),
+    "indexer_k_quant_and_cache": ("k", lambda: tx.indexer_k_quant_and_cache(
+        torch.zeros(3, 32), torch.zeros(4, 2, 36, dtype=torch.uint8), torch.tensor([0, 5, -1]), 32, "ue8m0")),
+    "cp_gather_indexer_k_quant_cache": ("kv_cache", lambda: tx.cp_gather_indexer_k_quant_cache(
+        torch.zeros(4, 2, 36, dtype=torch.uint8), torch.zeros(3, 32, dtype=torch.uint8),
+        torch.zeros(3, 4, dtype=torch.uint8), _i32([[0, 1], [2, 3]]), _i32([0, 2, 3]))),
     "normalize_page_table": ("req_to_token", lambda: tx.normalize_page_table(
         torch.zeros(2, 8, dtype=torch.int32), torch.tensor([0, 1]), _i32([4, 8]), 4)),
     "translate_loc_from_full_to_swa": ("full_to_swa", lambda: tx.translate_loc_from_full_to_swa(

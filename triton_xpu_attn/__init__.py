@@ -5,7 +5,14 @@ Importing the package first runs :mod:`triton_xpu_attn.device`, which selects th
 interpreter on a machine without a GPU before any kernel is defined.
 """
 from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
-from .ops.kv_cache import concat_and_cache_mla, gather_and_maybe_dequant_cache, reshape_and_cache_flash
+from .ops.indexer_cache import cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache
+from .ops.kv_cache import (
+    concat_and_cache_mla,
+    gather_and_maybe_dequant_cache,
+    gather_cache,
+    reshape_and_cache,
+    reshape_and_cache_flash,
+)
 from .ops.local_attention import make_local_attention_virtual_batches, max_local_attention_virtual_batches
 from .ops.merge_state import merge_attn_states, merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
@@ -30,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "concat_and_cache_mla",
+    "cp_gather_indexer_k_quant_cache",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -43,10 +51,12 @@ __all__ = [
     "flash_mla_sparse_fwd",
     "fp8_mqa_logits",
     "gather_and_maybe_dequant_cache",
+    "gather_cache",
     "fp8_paged_mqa_logits",
     "get_paged_mqa_logits_metadata",
     "flash_mla_with_kvcache",
     "get_mla_metadata",
+    "indexer_k_quant_and_cache",
     "make_local_attention_virtual_batches",
     "max_local_attention_virtual_batches",
     "merge_attn_states",
@@ -54,6 +64,7 @@ __all__ = [
     "merge_state_v2",
     "normalize_page_table",
     "prepare_swa_spec_page_table",
+    "reshape_and_cache",
     "reshape_and_cache_flash",
     "topk_transform_512",
     "topk_transform_512_v2",

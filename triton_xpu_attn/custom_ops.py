@@ -59,6 +59,10 @@ custom op                              wraps / differences from the public funct
 ``reshape_and_cache_flash``            unchanged (mutates ``key_cache``, ``value_cache``)
 ``concat_and_cache_mla``               unchanged (mutates ``kv_cache``)
 ``gather_and_maybe_dequant_cache``     unchanged (mutates ``dst``)
+``reshape_and_cache``                  unchanged (mutates ``key_cache``, ``value_cache``)
+``gather_cache``                       unchanged (mutates ``dst``)
+``indexer_k_quant_and_cache``          unchanged (mutates ``kv_cache``)
+``cp_gather_indexer_k_quant_cache``    unchanged (mutates ``dst_k``, ``dst_scale``)
 =====================================  ===========================================================
 
 ``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
@@ -76,6 +80,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .ops import indexer_cache as _indexer_cache
 from .ops import kv_cache as _kv_cache
 from .ops import local_attention as _local
 from .ops import merge_state as _merge
@@ -95,6 +100,7 @@ NAMESPACE = "triton_xpu_attn"
 
 __all__ = [
     "concat_and_cache_mla",
+    "cp_gather_indexer_k_quant_cache",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -107,8 +113,10 @@ __all__ = [
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "gather_and_maybe_dequant_cache",
+    "gather_cache",
     "get_paged_mqa_logits_metadata",
     "flash_mla_with_kvcache",
+    "indexer_k_quant_and_cache",
     "make_local_attention_virtual_batches",
     "make_local_attention_virtual_batches_out",
     "merge_state",
@@ -119,6 +127,7 @@ __all__ = [
     "normalize_page_table",
     "normalize_page_table_out",
     "prepare_swa_spec_page_table",
+    "reshape_and_cache",
     "reshape_and_cache_flash",
     "topk_transform_512",
     "topk_transform_512_v2",
@@ -788,6 +797,55 @@ def gather_and_maybe_dequant_cache(src_cache: Tensor, dst: Tensor, block_table: 
 
 @gather_and_maybe_dequant_cache.register_fake
 def _(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype="auto", scale=None, seq_starts=None):
+    return None
+
+
+@_op("reshape_and_cache", mutates_args=("key_cache", "value_cache"))
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+                      kv_cache_dtype: str = "auto", k_scale: Optional[Tensor] = None,
+                      v_scale: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.reshape_and_cache`: writes ``key_cache`` / ``value_cache`` in place."""
+    _kv_cache.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+@reshape_and_cache.register_fake
+def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto", k_scale=None, v_scale=None):
+    return None
+
+
+@_op("gather_cache", mutates_args=("dst",))
+def gather_cache(src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, batch_size: int,
+                 seq_starts: Optional[Tensor] = None) -> None:
+    """:func:`triton_xpu_attn.gather_cache`: writes ``dst`` in place."""
+    _kv_cache.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
+
+
+@gather_cache.register_fake
+def _(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None):
+    return None
+
+
+@_op("indexer_k_quant_and_cache", mutates_args=("kv_cache",))
+def indexer_k_quant_and_cache(k: Tensor, kv_cache: Tensor, slot_mapping: Tensor, quant_block_size: int,
+                              scale_fmt: Optional[str] = None) -> None:
+    """:func:`triton_xpu_attn.indexer_k_quant_and_cache`: writes ``kv_cache`` in place."""
+    _indexer_cache.indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+
+
+@indexer_k_quant_and_cache.register_fake
+def _(k, kv_cache, slot_mapping, quant_block_size, scale_fmt=None):
+    return None
+
+
+@_op("cp_gather_indexer_k_quant_cache", mutates_args=("dst_k", "dst_scale"))
+def cp_gather_indexer_k_quant_cache(kv_cache: Tensor, dst_k: Tensor, dst_scale: Tensor, block_table: Tensor,
+                                    cu_seq_lens: Tensor) -> None:
+    """:func:`triton_xpu_attn.cp_gather_indexer_k_quant_cache`: writes ``dst_k`` / ``dst_scale`` in place."""
+    _indexer_cache.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+
+
+@cp_gather_indexer_k_quant_cache.register_fake
+def _(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
     return None
 
 

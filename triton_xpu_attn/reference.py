@@ -959,3 +959,95 @@ def flash_attn_with_kvcache_append(
             v_descale=None if v_descale is None else _descale(v_descale, b, num_kv_heads, dtype, q.device), dtype=dtype)
         out[cu_q[b] : cu_q[b + 1]], lse[:, cu_q[b] : cu_q[b + 1]] = o, s
     return out, lse, k_out, v_out
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None):
+    """New ``(key_cache, value_cache)`` (copies) after vLLM's ``reshape_and_cache``: token ``t``'s
+    key at ``key_cache[s // P, :, d // x, s % P, d % x]`` and value at ``value_cache[s // P, :, d, s
+    % P]`` for ``0 <= s = slot_mapping[t] < num_blocks * P`` (quantised as
+    ``reshape_and_cache_flash`` does when scales are given)."""
+    k_out, v_out = key_cache.clone(), value_cache.clone()
+    num_blocks, heads, _, block_size, x = key_cache.shape
+    for t, s in _slot_writes(slot_mapping, num_blocks * block_size):
+        k = _fp8_store(key[t], k_scale, key_cache.dtype)  # [H, D]
+        k_out[s // block_size, :, :, s % block_size, :] = k.reshape(heads, -1, x)
+        v_out[s // block_size, :, :, s % block_size] = _fp8_store(value[t], v_scale, value_cache.dtype)
+    return k_out, v_out
+
+
+def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size: int, seq_starts=None):
+    """New ``dst`` (a copy) after vLLM's ``gather_cache`` / ``cp_gather_cache``: row ``cu[b] + i``
+    of request ``b`` is entry ``i % P`` of block ``block_table[b, seq_starts[b] // P + i // P]``
+    (whole blocks skipped), bit for bit; 0 where that column is past the table, the block outside
+    the cache or ``seq_starts[b]`` negative; rows past ``dst`` or of no request untouched."""
+    out = dst.clone()
+    num_blocks, block_size = src_cache.shape[:2]
+    cu = cu_seq_lens.tolist()
+    starts = [0] * batch_size if seq_starts is None else seq_starts.tolist()
+    table = block_table.tolist()
+    for b in range(batch_size):
+        for t in range(max(cu[b], 0), min(cu[b + 1], dst.shape[0])):
+            i = t - cu[b]
+            col = starts[b] // block_size + i // block_size if starts[b] >= 0 else -1
+            blk = table[b][col] if 0 <= col < len(table[b]) else -1
+            out[t] = src_cache[blk, i % block_size] if 0 <= blk < num_blocks else 0
+    return out
+
+
+def indexer_k_quantize(k: torch.Tensor, quant_block_size: int, scale_fmt=None):
+    """vLLM's indexer key quantisation, one token and column group at a time in fp32: ``(k_fp8 [T,
+    D] float8_e4m3fn, scales [T, D // Q] fp32)`` with ``scale = max(amax, 1e-4) / 448`` (``"ue8m0"``:
+    ``2 ** ceil(log2(scale))``) and ``clamp(k / scale, -448, 448)`` rounded to e4m3."""
+    tokens, d = k.shape
+    groups = d // quant_block_size
+    q = torch.empty(tokens, d, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(tokens, groups, dtype=torch.float32)
+    for t in range(tokens):
+        for g in range(groups):
+            x = k[t, g * quant_block_size:(g + 1) * quant_block_size].cpu().float()
+            scale = torch.maximum(x.abs().max(), torch.tensor(1e-4)) / torch.tensor(448.0)
+            if scale_fmt == "ue8m0":
+                scale = torch.exp2(torch.ceil(torch.log2(scale)))
+            q[t, g * quant_block_size:(g + 1) * quant_block_size] = (x / scale).clamp(-448.0, 448.0).to(q.dtype)
+            scales[t, g] = scale
+    return q, scales
+
+
+def indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size: int, scale_fmt=None):
+    """New ``kv_cache`` (a uint8 copy) after vLLM's ``indexer_k_quant_and_cache``: token ``t`` at
+    slot ``s`` (``0 <= s < num_blocks * P``, block ``s // P``, offset ``o = s % P``) stores its fp8
+    key (:func:`indexer_k_quantize`) at block bytes ``[o * D, + D)`` and its ``n = D // Q`` fp32
+    scales at block bytes ``[P * D + 4 * n * o, + 4 * n)``; ``T = min(len(k), len(slot_mapping))``."""
+    out = kv_cache.view(torch.uint8).cpu().clone()
+    num_blocks, block_size, _ = out.shape
+    d = k.shape[-1]
+    k = k.reshape(-1, d)[: slot_mapping.shape[0]]
+    q, scales = indexer_k_quantize(k, quant_block_size, scale_fmt)
+    n = scales.shape[1]
+    for t, s in _slot_writes(slot_mapping[: k.shape[0]], num_blocks * block_size):
+        page = out[s // block_size].reshape(-1)  # a view of the block's bytes
+        o = s % block_size
+        page[o * d:(o + 1) * d] = q[t].view(torch.uint8)
+        page[block_size * d + 4 * n * o:block_size * d + 4 * n * (o + 1)] = scales[t].view(torch.uint8)
+    return out
+
+
+def cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+    """New ``(dst_k, dst_scale)`` (uint8 copies) after vLLM's ``cp_gather_indexer_k_quant_cache``:
+    row ``cu[b] + i`` of request ``b < len(block_table)`` takes token ``i % P`` of block
+    ``block_table[b, i // P]``: its ``D`` key bytes and its ``S = dst_scale.shape[1]`` scale bytes
+    (laid out as :func:`indexer_k_quant_and_cache` writes them); 0 where the column is past the table
+    or the block outside the cache; rows of no request untouched."""
+    cache = kv_cache.view(torch.uint8).cpu()
+    num_blocks, block_size, _ = cache.shape
+    k_out, s_out = dst_k.view(torch.uint8).cpu().clone(), dst_scale.view(torch.uint8).cpu().clone()
+    d, sb = k_out.shape[1], s_out.shape[1]
+    cu, table = cu_seq_lens.tolist(), block_table.tolist()
+    for b in range(len(table)):
+        for t in range(max(cu[b], 0), min(cu[b + 1], k_out.shape[0])):
+            i = t - cu[b]
+            blk = table[b][i // block_size] if i // block_size < len(table[b]) else -1
+            if 0 <= blk < num_blocks:
+                page, o = cache[blk].reshape(-1), i % block_size
+                k_out[t], s_out[t] = page[o * d:(o + 1) * d], page[block_size * d + sb * o:block_size * d + sb * (o + 1)]
+            else:
+                k_out[t], s_out[t] = 0, 0
+    return k_out, s_out
