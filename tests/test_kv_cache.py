@@ -1,5 +1,5 @@
-"""KV-cache ops (vLLM's ``_C_cache_ops``): ``reshape_and_cache_flash``, ``concat_and_cache_mla``,
-``gather_and_maybe_dequant_cache`` against the references, with slot mappings / block tables
+"""KV-cache ops (vLLM's ``_C_cache_ops``): ``reshape_and_cache_flash``, ``reshape_and_cache``,
+``concat_and_cache_mla``, ``gather_and_maybe_dequant_cache``, ``gather_cache`` against the references, with slot mappings / block tables
 holding padding (-1), slots past the cache and int64 extremes (never a write or read outside the
 tensors: untouched cache entries stay bit-identical), strided cache views, fp8 e4m3 / e5m2 with
 scales (caches as fp8 or uint8), bad input naming the argument, and the
@@ -179,6 +179,77 @@ def test_gather_and_maybe_dequant_cache(data, dst_dtype, cache_dtype, width, blo
     torch.testing.assert_close(out.cpu().float(), close.float(), equal_nan=True, rtol=1e-2, atol=1e-6)
 
 
+@given(data=st.data(), dtype=st.sampled_from(FLOATS), cache_dtype=st.sampled_from(CACHE_DTYPES),
+       num_tokens=st.integers(0, 9), heads=st.sampled_from([1, 2]), head_dim=st.sampled_from([16, 40, 64]),
+       x=st.sampled_from([1, 4, 8, 16]), block_size=st.sampled_from([1, 4, 16]), num_blocks=st.integers(1, 3),
+       uint8_cache=st.booleans(), strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_reshape_and_cache(data, dtype, cache_dtype, num_tokens, heads, head_dim, x, block_size, num_blocks,
+                           uint8_cache, strided, seed):
+    if head_dim % x:
+        x = 8
+    gen = torch.Generator().manual_seed(seed)
+    slots = _slots(data.draw, num_tokens, num_blocks * block_size)
+    qkv = torch.randn(num_tokens + 1, 3, heads, head_dim, generator=gen).mul(3).to(dtype).to(DEVICE)
+    key, value = qkv[:, 1], qkv[:, 2]  # token stride 3 * H * D
+    fmt = FP8.get(cache_dtype, dtype)
+    k_shape, v_shape = (num_blocks, heads, head_dim // x, block_size, x), (num_blocks, heads, head_dim, block_size)
+    if strided:  # each a slice of a wider buffer: a gap between blocks and heads
+        key_cache = _poisoned((num_blocks + 1, heads + 1, *k_shape[2:]), fmt, gen).to(DEVICE)[1:, :heads]
+        value_cache = _poisoned((num_blocks, heads, head_dim, block_size + 3), fmt, gen).to(DEVICE)[..., 1:block_size + 1]
+    else:
+        key_cache, value_cache = (_poisoned(shape, fmt, gen).to(DEVICE) for shape in (k_shape, v_shape))
+    fp8 = cache_dtype != "auto"
+    k_scale, v_scale = (_scale(0.05), _scale(2.0)) if fp8 else (None, None)
+    exp_k, exp_v = ref.reshape_and_cache(key.cpu(), value.cpu(), key_cache.cpu(), value_cache.cpu(),
+                                         torch.tensor(slots, dtype=torch.int64),
+                                         *((k_scale.cpu(), v_scale.cpu()) if fp8 else ()))
+    args_k, args_v = key_cache, value_cache
+    if uint8_cache and fp8:
+        args_k, args_v = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+    tx.reshape_and_cache(key, value, args_k, args_v, torch.tensor(slots, dtype=torch.int64, device=DEVICE), cache_dtype,
+                         k_scale, v_scale)
+    _assert_cache_equal(key_cache, exp_k, FP8.get(cache_dtype))
+    _assert_cache_equal(value_cache, exp_v, FP8.get(cache_dtype))
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOATS + [torch.uint8, torch.float8_e4m3fn, torch.int32]),
+       entry=st.sampled_from([(16,), (48,), (2, 8), (656,)]), block_size=st.sampled_from([1, 4, 16]),
+       num_blocks=st.integers(1, 5), batch=st.integers(0, 4), max_blocks=st.integers(1, 4),
+       with_starts=st.booleans(), index_dtype=st.sampled_from([torch.int32, torch.int64]),
+       extra_rows=st.integers(-3, 3), strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_gather_cache(data, dtype, entry, block_size, num_blocks, batch, max_blocks, with_starts, index_dtype,
+                      extra_rows, strided, seed):
+    gen = torch.Generator().manual_seed(seed)
+    cu, table, starts = _gather_problem(data.draw, num_blocks, block_size, batch, max_blocks, with_starts)
+    if strided:  # a page of a wider per-block allocation: block stride past block_size entries
+        src = _poisoned((num_blocks, block_size + 2, *entry), dtype, gen)[:, 1:block_size + 1]
+    else:
+        src = _poisoned((num_blocks, block_size, *entry), dtype, gen)
+    dst = _poisoned((max(cu[-1] + extra_rows, 0), *entry), dtype, gen)
+    table_t = torch.tensor(table, dtype=index_dtype).reshape(batch, max_blocks)
+    cu_t = torch.tensor(cu, dtype=index_dtype)
+    starts_t = None if starts is None else torch.tensor(starts, dtype=index_dtype)
+    expected = ref.gather_cache(src, dst, table_t, cu_t, batch, starts_t)
+    out = dst.to(DEVICE)
+    tx.gather_cache(src.to(DEVICE), out, table_t.to(DEVICE), cu_t.to(DEVICE), batch,
+                    None if starts_t is None else starts_t.to(DEVICE))
+    assert torch.equal(_bits(out), _bits(expected))
+
+
+def test_gather_cache_starts_count_whole_blocks():
+    """vLLM's ``gather_cache``: ``seq_starts[b] // block_size`` columns skipped, the offset in a block
+    restarting at 0 (a start inside a block reads from that block's first entry)."""
+    src = torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2).to(DEVICE)
+    dst = torch.full((5, 2), float("nan"), device=DEVICE)
+    table = torch.tensor([[2, 0, 1]], dtype=torch.int32, device=DEVICE)
+    tx.gather_cache(src, dst, table, torch.tensor([0, 5], dtype=torch.int32, device=DEVICE), 1,
+                    torch.tensor([6], dtype=torch.int32, device=DEVICE))
+    assert torch.equal(dst.cpu(), torch.cat([src.cpu()[0], src.cpu()[1, :1]]))
+    tx.gather_cache(src, dst, table, torch.tensor([0, 5], dtype=torch.int32, device=DEVICE), 1,
+                    torch.tensor([-4], dtype=torch.int32, device=DEVICE))  # a negative start: zeros
+    assert torch.equal(dst.cpu(), torch.zeros(5, 2))
+
+
 def test_gather_rows_outside_every_request_stay_untouched_and_bad_pages_read_zero():
     src = torch.arange(2 * 4 * 8, dtype=torch.float32).reshape(2, 4, 8).to(DEVICE)
     dst = torch.full((8, 8), float("nan"), device=DEVICE)
@@ -281,6 +352,32 @@ def test_mla_and_gather_bad_input():
         tx.gather_and_maybe_dequant_cache(**args(kv_cache_dtype="fp8", scale=torch.ones(1, device=DEVICE)))
 
 
+def test_reshape_and_cache_and_gather_cache_bad_input():
+    z = lambda *s, **k: torch.zeros(*s, **k, device=DEVICE)  # noqa: E731
+    slots = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="key_cache must have shape"):
+        tx.reshape_and_cache(z(2, 2, 16), z(2, 2, 16), z(4, 2, 3, 4, 8), z(4, 2, 16, 4), slots)
+    with pytest.raises(ValueError, match="key_cache must have 5 dimensions"):
+        tx.reshape_and_cache(z(2, 2, 16), z(2, 2, 16), z(4, 4, 2, 16), z(4, 2, 16, 4), slots)
+    with pytest.raises(ValueError, match="value_cache must have shape"):
+        tx.reshape_and_cache(z(2, 2, 16), z(2, 2, 16), z(4, 2, 2, 4, 8), z(4, 4, 2, 16), slots)
+    with pytest.raises(ValueError, match="k_scale is required"):
+        tx.reshape_and_cache(z(2, 2, 16), z(2, 2, 16), z(4, 2, 1, 4, 16, dtype=torch.uint8),
+                             z(4, 2, 16, 4, dtype=torch.uint8), slots, "fp8")
+    args = lambda **c: {**dict(src_cache=z(4, 2, 48), dst=z(3, 48), block_table=z(2, 2, dtype=torch.int32),  # noqa: E731
+                               cu_seq_lens=z(3, dtype=torch.int32), batch_size=2), **c}
+    with pytest.raises(ValueError, match="dst must have shape"):
+        tx.gather_cache(**args(dst=z(3, 40)))
+    with pytest.raises(TypeError, match="dst must have src_cache's dtype"):
+        tx.gather_cache(**args(dst=z(3, 48, dtype=torch.float16)))
+    with pytest.raises(ValueError, match="entries must be contiguous"):
+        tx.gather_cache(**args(src_cache=z(4, 2, 96)[..., ::2]))
+    with pytest.raises(ValueError, match="block_table must have at least batch_size"):
+        tx.gather_cache(**args(batch_size=3, cu_seq_lens=z(4, dtype=torch.int32)))
+    with pytest.raises(TypeError, match="cu_seq_lens must have dtype"):
+        tx.gather_cache(**args(cu_seq_lens=z(3)))
+
+
 def test_empty_inputs_write_nothing():
     cache = torch.full((2, 4, 1, 16), float("nan"), device=DEVICE)
     e = torch.zeros(0, 1, 16, device=DEVICE)
@@ -333,7 +430,37 @@ def test_vllm_cache_ops_registered_with_vllm_xpu_kernels_schemas():
     assert torch.equal(buf[0, 0, 0], torch.cat([key[1, 0], -key[1, 0]]))
 
 
-@pytest.mark.parametrize("name", ["reshape_and_cache_flash", "concat_and_cache_mla", "gather_and_maybe_dequant_cache"])
+def test_vllm_paged_cache_and_gather_ops_registered_with_vllm_xpu_kernels_schemas():
+    importlib.import_module("triton_xpu_attn.compat.vllm_xpu_kernels._C")
+    ops = torch.ops._C_cache_ops
+    assert str(ops.reshape_and_cache.default._schema) == (
+        "_C_cache_ops::reshape_and_cache(Tensor key, Tensor value, Tensor(a2!) key_cache, Tensor(a3!) value_cache, "
+        "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()")
+    for name in ("gather_cache", "cp_gather_cache"):  # vllm-xpu-kernels' name, vLLM's name
+        assert str(getattr(ops, name).default._schema).replace("SymInt", "int") == (
+            f"_C_cache_ops::{name}(Tensor src_cache, Tensor(a1!) dst, Tensor block_table, Tensor cu_seq_lens, "
+            "int batch_size, Tensor? seq_starts) -> ()")
+    gen = torch.Generator().manual_seed(5)
+    key = torch.randn(3, 2, 16, generator=gen).to(DEVICE)
+    slots = torch.tensor([6, -1, 1], device=DEVICE)
+    caches = [(torch.zeros(2, 2, 1, 4, 16, dtype=torch.uint8, device=DEVICE),
+               torch.zeros(2, 2, 16, 4, dtype=torch.uint8, device=DEVICE)) for _ in range(2)]
+    ops.reshape_and_cache(key, -key, *caches[0], slots, "fp8", _scale(0.1), _scale(0.2))
+    tx.reshape_and_cache(key, -key, *caches[1], slots, "fp8", _scale(0.1), _scale(0.2))
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+    src = caches[0][1].reshape(2, 4, 32)
+    table = torch.tensor([[1, 0]], dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 6], dtype=torch.int32, device=DEVICE)
+    outs = [torch.full((7, 32), 9, dtype=torch.uint8, device=DEVICE) for _ in range(3)]
+    ops.gather_cache(src, outs[0], table, cu, 1, None)
+    ops.cp_gather_cache(src, outs[1], table, cu, 1, None)
+    tx.gather_cache(src, outs[2], table, cu, 1)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
+    assert torch.equal(outs[2][:4], src[1]) and torch.equal(outs[2][4:6], src[0, :2])
+
+
+@pytest.mark.parametrize("name", ["reshape_and_cache_flash", "concat_and_cache_mla", "gather_and_maybe_dequant_cache",
+                                  "reshape_and_cache", "gather_cache"])
 def test_custom_op_opcheck(name):
     gen = torch.Generator().manual_seed(1)
     f = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
@@ -345,6 +472,12 @@ def test_custom_op_opcheck(name):
         "gather_and_maybe_dequant_cache": (f(2, 4, 48), f(5, 48), torch.tensor([[1, 0], [0, 1]], dtype=torch.int32,
                                            device=DEVICE), torch.tensor([0, 3, 5], dtype=torch.int32, device=DEVICE), 2,
                                            "auto", None, torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)),
+        "reshape_and_cache": (f(3, 2, 16), f(3, 2, 16), torch.zeros(2, 2, 1, 4, 16, dtype=torch.uint8, device=DEVICE),
+                              torch.zeros(2, 2, 16, 4, dtype=torch.uint8, device=DEVICE), slots, "fp8", _scale(0.3),
+                              _scale(0.5)),
+        "gather_cache": (f(2, 4, 48), f(5, 48), torch.tensor([[1, 0], [0, 1]], dtype=torch.int32, device=DEVICE),
+                         torch.tensor([0, 3, 5], dtype=torch.int32, device=DEVICE), 2,
+                         torch.tensor([4, 0], dtype=torch.int32, device=DEVICE)),
     }[name]
     result = torch.library.opcheck(getattr(torch.ops.triton_xpu_attn, name), args)
     assert all(v == "SUCCESS" for v in result.values()), result
