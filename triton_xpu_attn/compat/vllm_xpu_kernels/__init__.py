@@ -8,8 +8,10 @@ What vLLM imports (vllm ``_xpu_ops.py``, ``platforms/xpu.py``, ``device_allocato
   ``block_table``, MLA with head dim 576, ragged prefill). Served by our ops.
 - ``_C``, ``_moe_C``, ``_xpu_C``: extension modules imported for their side effect of registering
   ``torch.ops`` kernels; here ``_C`` registers ``torch.ops._C.merge_attn_states`` and the KV-cache
-  ops of ``torch.ops._C_cache_ops`` (``reshape_and_cache_flash``, ``concat_and_cache_mla``,
-  ``gather_and_maybe_dequant_cache``), ``_xpu_C`` the DSA indexer logits; the rest register nothing
+  ops of ``torch.ops._C_cache_ops`` (``reshape_and_cache``, ``reshape_and_cache_flash``,
+  ``concat_and_cache_mla``, ``gather_cache`` / ``cp_gather_cache``, ``gather_and_maybe_dequant_cache``,
+  ``indexer_k_quant_and_cache``, ``cp_gather_indexer_k_quant_cache``), ``_xpu_C`` the DSA indexer
+  logits; the rest register nothing
   (vLLM probes them with ``hasattr``, and a call of an unregistered op fails in torch naming it).
 - ``rotary.apply_rotary_emb``, ``fused_moe_interface.XpuFusedMoe`` / ``xpu_fused_moe``: not
   attention; importable, ``NotImplementedError`` on use.
