@@ -324,6 +324,16 @@ def _check_slot_mapping(slot_mapping, rows: int, rows_name: str) -> int:
     return num_tokens
 
 
+def _kv_store_checks(key, value, key_cache, value_cache, slot_mapping, fmt, k_scale, v_scale):
+    """``(num_tokens, k_scale, v_scale, device)`` of a K/V cache store whose tensors are checked."""
+    num_tokens = _check_slot_mapping(slot_mapping, key.shape[0], "key")
+    k_scale = _check_scale("k_scale", k_scale, fmt is not None)
+    v_scale = _check_scale("v_scale", v_scale, fmt is not None)
+    device = check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                               slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    return num_tokens, k_scale, v_scale, device
+
+
 def _store_mode(fmt, inputs, scales, num_tokens: int):
     """``(inputs, QUANT, FP8_MAX)`` of a cache store. Under the interpreter an fp8 store is not the
     kernel's: the interpreter's fp32 -> fp8 cast drops a mantissa carry into the exponent (31.94 ->
@@ -414,11 +424,8 @@ def reshape_and_cache_flash(
     value_cache = _cache_view("value_cache", value_cache, fmt, key.dtype)
     check_tensor("value_cache", value_cache, shape=(num_blocks, block_size, heads, v_head_dim),
                  last_dim_contiguous=True)
-    num_tokens = _check_slot_mapping(slot_mapping, rows, "key")
-    k_scale = _check_scale("k_scale", k_scale, fmt is not None)
-    v_scale = _check_scale("v_scale", v_scale, fmt is not None)
-    device = check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-                               slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    num_tokens, k_scale, v_scale, device = _kv_store_checks(key, value, key_cache, value_cache, slot_mapping, fmt,
+                                                            k_scale, v_scale)
     if num_tokens == 0 or heads == 0 or num_blocks * block_size == 0:
         return
     (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
@@ -625,11 +632,8 @@ def reshape_and_cache(
                          f"{head_dim} and H_kv = {heads}, got {list(key_cache.shape)}")
     value_cache = _cache_view("value_cache", value_cache, fmt, key.dtype)
     check_tensor("value_cache", value_cache, shape=(num_blocks, heads, head_dim, block_size))
-    num_tokens = _check_slot_mapping(slot_mapping, rows, "key")
-    k_scale = _check_scale("k_scale", k_scale, fmt is not None)
-    v_scale = _check_scale("v_scale", v_scale, fmt is not None)
-    device = check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-                               slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    num_tokens, k_scale, v_scale, device = _kv_store_checks(key, value, key_cache, value_cache, slot_mapping, fmt,
+                                                            k_scale, v_scale)
     if num_tokens == 0 or heads == 0 or head_dim == 0 or num_blocks * block_size == 0:
         return
     (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
