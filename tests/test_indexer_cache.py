@@ -59,13 +59,17 @@ def _assert_indexer_cache(out, expected, head_dim, groups):
     ko, so, rest_o = _decode(out, head_dim, groups)
     ke, se, rest_e = _decode(expected, head_dim, groups)
     assert torch.equal(rest_o, rest_e)
+    # equal values (NaN included: slots no token wrote keep their poisoned bytes in both) or close ones
+    same_scale = (so == se) | (so.isnan() & se.isnan())
     ratio = so / se
-    assert torch.all(((ratio - 1).abs() <= 2.4e-7) | (ratio == 2) | (ratio == 0.5) | (so == se)), (so, se)
+    assert torch.all(same_scale | ((ratio - 1).abs() <= 2.4e-7) | (ratio == 2) | (ratio == 0.5)), (so, se)
     q = head_dim // groups
+    same_key = ((ko == ke) | (ko.isnan() & ke.isnan())) & same_scale.repeat_interleave(q, dim=-1)
     do = ko * so.repeat_interleave(q, dim=-1)
     de = ke * se.repeat_interleave(q, dim=-1)
     step = se.repeat_interleave(q, dim=-1)
-    assert torch.all((do - de).abs() <= de.abs() * 2.0**-3 + step * 2.0**-8), (do - de).abs().max()
+    close = (do - de).abs() <= de.abs() * 2.0**-3 + step * 2.0**-8
+    assert torch.all(same_key | close), (do - de)[~(same_key | close)]
 
 
 @given(data=st.data(), dtype=st.sampled_from(FLOATS), num_tokens=st.integers(0, 9),

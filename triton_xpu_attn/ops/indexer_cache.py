@@ -99,8 +99,10 @@ def _cp_gather_indexer_k_quant_cache_kernel(
     page_ok = row_ok & (col < max_blocks)
     blk = tl.load(block_table_ptr + b * stride_bt_b + col, mask=page_ok, other=-1).to(tl.int64)
     page_ok = page_ok & (blk >= 0) & (blk < num_blocks)
-    page = tl.where(page_ok, blk * stride_cache_b, 0)
-    off = tl.where(page_ok, pos % block_size, 0)
+    # no selects on the offsets: every access below is masked by page_ok (a 1-D select feeding two
+    # 2-D layouts fails Triton 3.6's sm_90 layout passes for some specialisations)
+    page = blk * stride_cache_b
+    off = pos % block_size
     for d0 in range(0, head_dim, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         in_width = d[None, :] < head_dim

@@ -155,14 +155,14 @@ def _gather_cache_kernel(
         if PAGE_STARTS:  # whole blocks; a negative start makes the position negative (a 0 row)
             s = tl.where(s >= 0, (s // block_size) * block_size, -1 - pos)
         pos += s
-    # one clamped position for both the page and the slot (two copies of the select met a layout
-    # mismatch in Triton 3.6's layout passes for sm_90)
     pos_safe = tl.maximum(pos, 0)
     col = pos_safe // block_size
     page_ok = row_ok & (pos >= 0) & (col < max_blocks)
     blk = tl.load(block_table_ptr + b * stride_bt_b + col, mask=page_ok, other=-1).to(tl.int64)
     page_ok = page_ok & (blk >= 0) & (blk < num_blocks)
-    src_row = tl.where(page_ok, blk * stride_src_b + (pos_safe - col * block_size) * stride_src_s, 0)
+    # no select on the row offsets: every access below is masked by page_ok (a 1-D select feeding
+    # two 2-D layouts fails Triton 3.6's sm_90 layout passes for some specialisations)
+    src_row = blk * stride_src_b + (pos_safe - col * block_size) * stride_src_s
     scale = 1.0
     if DEQUANT:
         scale = tl.load(scale_ptr).to(tl.float32)
