@@ -5,19 +5,16 @@ token pools, ``RadixAttention`` layers and ``ForwardBatch``es.
 The sglang package comes from a site folder built by ``.ci/sglang_env.sh`` (``sglang==0.5.23
 --no-deps`` plus a few pure-Python dependencies), named by the environment variable
 ``TRITON_XPU_ATTN_SGLANG_SITE``. Modules sglang's import chain asks for but the attention path never
-runs are stubbed in ``sys.modules`` (``STUBS`` below: each with why).
+runs are stubbed in ``sys.modules`` (``STUBS`` below: each with why; the stand-in machinery is
+tests/engine_stand_ins.py, shared with the vLLM harness).
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.abc
-import importlib.machinery
+import importlib
 import os
-import sys
-import types
 from types import SimpleNamespace
 
-import torch
+import engine_stand_ins
 
 SITE_ENV = "TRITON_XPU_ATTN_SGLANG_SITE"
 
@@ -50,127 +47,15 @@ STUBS = {
 ALIASES = {"regex": "re"}  # `import regex as re` in parsers; patterns compiled at import are stdlib-compatible
 
 
-class _Empty:
-    """Container protocol of a stub (on its class through the metaclass, and on its instances):
-    empty, writes ignored."""
-
-    def __iter__(self):
-        return iter(())
-
-    def __setitem__(self, key, value):
-        pass
-
-    def __contains__(self, key):
-        return False
-
-    def __len__(self):
-        return 0
-
-
-def _called(make, args, kwargs):
-    """A stub called with one function and nothing else is a decorator: leave the function alone."""
-    if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], _StubMeta):
-        return args[0]
-    return make()
-
-
-class _StubMeta(_Empty, type):
-    def __getattr__(cls, name):
-        if name.startswith("__") and name.endswith("__") and name != "__class_validators__":
-            raise AttributeError(name)
-        return _stub_class(name)
-
-    def __call__(cls, *args, **kwargs):
-        return _called(super().__call__, args, kwargs)
-
-    def __getitem__(cls, item):
-        return cls
-
-    def __or__(cls, other):
-        return cls
-
-    __ror__ = __or__
-
-
-class _Stub(_Empty, metaclass=_StubMeta):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _stub_class(name)
-
-    def __call__(self, *args, **kwargs):
-        return _called(_Stub, args, kwargs)
-
-    def __getitem__(self, key):
-        return _Stub()
-
-
-def _stub_class(name):
-    return _StubMeta(name, (_Stub,), {})
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        value = _stub_class(name)
-        setattr(self, name, value)
-        return value
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] in STUBS:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-        module.__version__ = "0.0.0"
-
-
-@contextlib.contextmanager
-def _sglang_sees_no_cuda():
-    """sglang picks CUDA-only import paths (kernels of sgl_kernel's CUDA build) when it sees a CUDA
-    device; on XPU it sees none. Hide CUDA while its modules import so that a GPU run takes the same
-    import chain as the XPU target and the CPU; our kernels still run on the GPU afterwards."""
-    real = torch.cuda.is_available
-    torch.cuda.is_available = lambda: False
-    try:
-        yield
-    finally:
-        torch.cuda.is_available = real
-
-
+_STAND_INS = engine_stand_ins.StandIns(STUBS, ALIASES)
 _BACKEND_MODULE = None
-_FINDER = _StubFinder()
 
 
-@contextlib.contextmanager
 def stubbed():
     """The stubs answer imports only inside this block (sglang imports some lazily, during a
-    forward): afterwards the finder leaves ``sys.meta_path`` and the stub modules leave
-    ``sys.modules`` (sglang's modules keep their references), so the rest of a pytest run
-    imports exactly as it would without these tests."""
-    sys.meta_path.insert(0, _FINDER)
-    for name, target in ALIASES.items():
-        sys.modules.setdefault(name, importlib.import_module(target))
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(_FINDER)
-        for name in [m for m in sys.modules if m.partition(".")[0] in STUBS or m in ALIASES]:
-            if isinstance(sys.modules[name], _StubModule) or name in ALIASES:
-                del sys.modules[name]
+    forward): afterwards the stub modules leave ``sys.modules`` (sglang's modules keep their
+    references), so the rest of a pytest run imports exactly as it would without these tests."""
+    return _STAND_INS.active()
 
 
 def site_dir() -> str | None:
@@ -189,11 +74,10 @@ def load_xpu_backend():
         raise RuntimeError(f"{SITE_ENV} does not name a folder holding sglang (build it with .ci/sglang_env.sh)")
     import triton_xpu_attn.compat
 
-    if site not in sys.path:
-        sys.path.append(site)
+    engine_stand_ins.add_site(site)
     report = triton_xpu_attn.compat.install(["sgl_kernel"])
     assert report["sgl_kernel"] in ("installed", "already installed"), report
-    with _sglang_sees_no_cuda():
+    with engine_stand_ins.cuda_hidden():
         module = importlib.import_module("sglang.srt.layers.attention.xpu_backend")
         importlib.import_module("sglang.srt.mem_cache.memory_pool")
         importlib.import_module("sglang.srt.mem_cache.swa_memory_pool")
