@@ -8,7 +8,9 @@ afterwards its finder leaves ``sys.meta_path`` and its stub modules leave ``sys.
 engine's modules keep their references). Real packages an engine brings in its own site folder
 (``own``) are kept apart the same way: they leave ``sys.modules`` at the end of the block and come
 back at its next start, so that one engine's real package never answers another engine's stubbed
-name in the same pytest run.
+name in the same pytest run; the engine's site folders (:meth:`StandIns.add_site`) are on
+``sys.path`` only inside the block too, so that another engine's ``try: import vllm`` fails as it
+would where that engine is not installed.
 """
 from __future__ import annotations
 
@@ -119,7 +121,14 @@ class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.stubs = dict(stubs)
         self.aliases = dict(aliases or {})
         self.own = frozenset(own)
+        self.sites: list[str] = []
         self._kept: dict[str, types.ModuleType] = {}
+
+    def add_site(self, site: str) -> None:
+        """Put ``site`` on ``sys.path`` (last) inside :meth:`active` blocks, from now on."""
+        if site not in self.sites:
+            self.sites.append(site)
+        add_site(site)
 
     # importlib protocol --------------------------------------------------------------------
     def find_spec(self, fullname, path=None, target=None):
@@ -140,6 +149,8 @@ class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Answer the stubbed and aliased names (and bring back the engine's own packages) for
         the duration of the block."""
         sys.meta_path.insert(0, self)
+        for site in self.sites:
+            add_site(site)
         for name, module in self._kept.items():
             sys.modules.setdefault(name, module)
         self._kept.clear()
@@ -149,6 +160,9 @@ class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             yield self
         finally:
             sys.meta_path.remove(self)
+            for site in self.sites:
+                if site in sys.path:
+                    sys.path.remove(site)
             for name in list(sys.modules):
                 module = sys.modules[name]
                 top = _top(name)

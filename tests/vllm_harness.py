@@ -65,7 +65,8 @@ _VLLM = None
 
 def stubbed():
     """The stubs answer imports only inside this block (vLLM imports some lazily, during a forward);
-    vLLM's modules and its real packages are in ``sys.modules`` only inside it."""
+    vLLM's modules and its real packages are in ``sys.modules``, and its site on ``sys.path``, only
+    inside it (sglang tries ``from vllm import _custom_ops`` and must fail as without vLLM)."""
     return _STAND_INS.active()
 
 
@@ -110,7 +111,7 @@ def load_vllm():
         raise RuntimeError(f"{SITE_ENV} does not name a folder holding vllm (build it with .ci/vllm_env.sh)")
     import triton_xpu_attn.compat
 
-    engine_stand_ins.add_site(site)
+    _STAND_INS.add_site(site)
     report = triton_xpu_attn.compat.install(["vllm_xpu_kernels"])
     assert report["vllm_xpu_kernels"] in ("installed", "already installed"), report
     memory_info = getattr(torch.accelerator, "get_memory_info", None)
