@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 
@@ -191,3 +192,24 @@ def add_site(site: str) -> None:
     """Make ``site`` importable (after everything already on ``sys.path``)."""
     if site not in sys.path:
         sys.path.append(site)
+
+
+def site_from_env(variable: str, package: str) -> str | None:
+    """The folder the environment variable ``variable`` names, if it holds ``package``."""
+    site = os.environ.get(variable)
+    return site if site and os.path.isdir(os.path.join(site, package)) else None
+
+
+def install_engine(variable: str, package: str, compat_name: str, script: str, add=add_site) -> str:
+    """Make the engine ``package`` importable from its site folder (``add(site)``) and install our
+    compat module ``compat_name`` in place of its kernel package; returns the site. Raises
+    RuntimeError naming ``script`` (what builds the site) when ``variable`` names none."""
+    site = site_from_env(variable, package)
+    if site is None:
+        raise RuntimeError(f"{variable} does not name a folder holding {package} (build it with {script})")
+    import triton_xpu_attn.compat
+
+    add(site)
+    report = triton_xpu_attn.compat.install([compat_name])
+    assert report[compat_name] in ("installed", "already installed"), report
+    return site

@@ -11,7 +11,6 @@ tests/engine_stand_ins.py, shared with the vLLM harness).
 from __future__ import annotations
 
 import importlib
-import os
 from types import SimpleNamespace
 
 import engine_stand_ins
@@ -59,8 +58,7 @@ def stubbed():
 
 
 def site_dir() -> str | None:
-    site = os.environ.get(SITE_ENV)
-    return site if site and os.path.isdir(os.path.join(site, "sglang")) else None
+    return engine_stand_ins.site_from_env(SITE_ENV, "sglang")
 
 
 def load_xpu_backend():
@@ -69,14 +67,7 @@ def load_xpu_backend():
     global _BACKEND_MODULE
     if _BACKEND_MODULE is not None:
         return _BACKEND_MODULE
-    site = site_dir()
-    if site is None:
-        raise RuntimeError(f"{SITE_ENV} does not name a folder holding sglang (build it with .ci/sglang_env.sh)")
-    import triton_xpu_attn.compat
-
-    engine_stand_ins.add_site(site)
-    report = triton_xpu_attn.compat.install(["sgl_kernel"])
-    assert report["sgl_kernel"] in ("installed", "already installed"), report
+    engine_stand_ins.install_engine(SITE_ENV, "sglang", "sgl_kernel", ".ci/sglang_env.sh")
     with engine_stand_ins.cuda_hidden():
         module = importlib.import_module("sglang.srt.layers.attention.xpu_backend")
         importlib.import_module("sglang.srt.mem_cache.memory_pool")

@@ -181,7 +181,6 @@ class FlashScenario:
             self.ref_vals = [stored(v, v_scale) for v in self.vals]
         else:
             self.ref_keys, self.ref_vals = self.keys, self.vals
-        batch = len(self.seq_lens)
         self.write(lambda b: (0, self.prefix[b]))  # earlier steps
 
     def write(self, rows):

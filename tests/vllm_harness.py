@@ -71,8 +71,7 @@ def stubbed():
 
 
 def site_dir() -> str | None:
-    site = os.environ.get(SITE_ENV)
-    return site if site and os.path.isdir(os.path.join(site, "vllm")) else None
+    return engine_stand_ins.site_from_env(SITE_ENV, "vllm")
 
 
 @contextlib.contextmanager
@@ -106,15 +105,9 @@ def load_vllm():
     global _VLLM
     if _VLLM is not None:
         return _VLLM
-    site = site_dir()
-    if site is None:
-        raise RuntimeError(f"{SITE_ENV} does not name a folder holding vllm (build it with .ci/vllm_env.sh)")
-    import triton_xpu_attn.compat
-
-    _STAND_INS.add_site(site)
-    report = triton_xpu_attn.compat.install(["vllm_xpu_kernels"])
-    assert report["vllm_xpu_kernels"] in ("installed", "already installed"), report
+    engine_stand_ins.install_engine(SITE_ENV, "vllm", "vllm_xpu_kernels", ".ci/vllm_env.sh", add=_STAND_INS.add_site)
     memory_info = getattr(torch.accelerator, "get_memory_info", None)
+    environ = dict(os.environ)  # vllm.env_override sets variables for its server processes
     try:
         with engine_stand_ins.cuda_hidden():
             platforms = importlib.import_module("vllm.platforms")
@@ -156,6 +149,8 @@ def load_vllm():
     finally:
         if memory_info is not None:  # vllm.platforms.xpu replaces it process-wide
             torch.accelerator.get_memory_info = memory_info
+        os.environ.clear()
+        os.environ.update(environ)
     ns = SimpleNamespace(**modules, platform=platforms.current_platform)
     assert ns.platform.is_xpu() and ns.triton_utils.HAS_TRITON
     assert ns.fa_utils.flash_attn_varlen_func.__module__ == "vllm._xpu_ops"
