@@ -104,15 +104,22 @@ def _order_key(x):
 
 @triton.jit
 def _kth_largest(keys, k):
-    """The ``k``-th largest of ``keys`` (int32 scalar; entries that do not count hold
-    ``_I32_MIN``, which no candidate threshold reaches): the largest ``t`` with
-    ``#{key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``). One bit a step: a compare
-    and an int32 count per key (a third of the work of two-bit steps with packed counts)."""
+    """A threshold ``t`` (int32 scalar) whose selection is the ``k`` largest of ``keys`` (entries
+    that do not count hold ``_I32_MIN``, which no candidate threshold reaches): the largest ``t``
+    with ``#{key >= t} >= k`` (``_I32_MIN`` when no larger ``t`` has ``k``), found one bit a step,
+    or, earlier, a ``t > _I32_MIN`` with ``#{key >= t} == k`` exactly. Either selects the same keys
+    (all above ``t``, then the first ties at ``t``): once exactly ``k`` keys reach ``t`` they are
+    the ``k`` largest, whatever the remaining bits. Scores without structure stop after about 20
+    of the 32 steps (the search's block reductions bound a single program's time)."""
     t = _zero(tl.int64) - 2147483648  # offset 0 in unsigned order
-    for step in range(32):
+    reached = _zero(tl.int32) - 1  # #{key >= t} once t has been raised (-1: not yet)
+    step = _zero(tl.int32)
+    while (step < 32) & (reached != k):
         c = t + ((_zero(tl.int64) + 1) << (31 - step))
         count = tl.sum((keys >= c.to(tl.int32)).to(tl.int32), axis=0)
         t = tl.where(count >= k, c, t)
+        reached = tl.where(count >= k, count, reached)
+        step += 1
     return t.to(tl.int32)
 
 
