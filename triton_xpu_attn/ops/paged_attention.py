@@ -56,7 +56,8 @@ from . import paged_registry  # noqa: F401  (registers the kernel's XPU compile 
 from .paged_registry import xpu_launch_shape  # noqa: F401  (read by bench/experiments/xpu_cost_model.py)
 from .paged_config import (_heuristic_config, _kv_descriptors, _kv_load, query_heads_per_block,  # noqa: F401
                            query_rows_descriptors, score_chunk, xpu_tiles)  # (xpu_tiles: read from here by tools)
-from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM, MAX_HEAD_DIM, _paged_attention_kernel  # noqa: F401
+from .paged_kernel import (_PER_REQUEST, _SEARCH, _UNIFORM, MAX_HEAD_DIM, MAX_HEAD_DIM_QK,  # noqa: F401
+                           _paged_attention_kernel)
 
 # ------------------------------------------------------------------------------------------
 # launcher
@@ -132,12 +133,13 @@ def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.
 
 
 def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int, head_dim_v: int) -> None:
-    """q's head dim equals K's, both head dims are supported, and Hq is a multiple of H_kv."""
+    """q's head dim equals K's, both head dims are supported (D up to MAX_HEAD_DIM_QK, Dv up to
+    MAX_HEAD_DIM), and Hq is a multiple of H_kv."""
     if q.shape[-1] != head_dim:
         raise ValueError(f"q's head dim ({q.shape[-1]}) must equal {k_name}'s ({head_dim})")
-    for name, dim in (("head dim D", head_dim), ("value head dim Dv", head_dim_v)):
-        if dim % 8 or not 8 <= dim <= MAX_HEAD_DIM:
-            raise ValueError(f"{name} must be a multiple of 8 from 8 to {MAX_HEAD_DIM}, got {dim}")
+    for name, dim, most in (("head dim D", head_dim, MAX_HEAD_DIM_QK), ("value head dim Dv", head_dim_v, MAX_HEAD_DIM)):
+        if dim % 8 or not 8 <= dim <= most:
+            raise ValueError(f"{name} must be a multiple of 8 from 8 to {most}, got {dim}")
     if q.shape[-2] % num_kv_heads != 0:
         raise ValueError(f"the query heads ({q.shape[-2]}) must be a multiple of the KV heads ({num_kv_heads})")
 
@@ -484,6 +486,8 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
         table_args = (page_table, page_table.stride(0), page_table.shape[1], k.shape[0])  # pool: the cache's pages
     # (host descriptors span whole rows: not with a V split)
+    # D past MAX_HEAD_DIM: 512-channel tiles and a tail chunk of the score dot (the kernel's D_TAIL)
+    d_tail = max(16, next_power_of_2(head_dim - MAX_HEAD_DIM)) if head_dim > MAX_HEAD_DIM else 0
     kv_descriptors = _kv_descriptors(k, v, page_size, config if num_dv == 1 else {**config, "kv_desc": False}, device)
     kv_load = _kv_load(page_size, config, kv_descriptors, (k, v))
     if kv_load == 3:
@@ -525,7 +529,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         BLOCK_Q=block_q,
         HEADS_PER_BLOCK=heads_per_block,
         BLOCK_N=config["BLOCK_N"],
-        BLOCK_D=max(16, next_power_of_2(head_dim)),  # tl.dot's K is at least 16
+        BLOCK_D=MAX_HEAD_DIM if d_tail else max(16, next_power_of_2(head_dim)),  # tl.dot's K is at least 16
         BLOCK_DV=block_dv,
         NUM_DV=num_dv,
         PAGE_SIZE=page_size,
@@ -538,7 +542,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_LOAD=kv_load,
         HOIST_GATHER=not decode_like,
-        SCORE_CHUNK=score_chunk(config, kv_load, head_dim),
+        SCORE_CHUNK=score_chunk(config, kv_load, head_dim, d_tail),
         INTEL_GPU=_device.backend() == "xpu",  # code-generation choices for Intel's compiler (the kernel says which)
         HAS_SEQUSED_Q=seqused_q is not None,
         PREFETCH_PAGES=bool(config.get("PREFETCH_PAGES", 0)),
@@ -552,6 +556,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         # 16-token-page prefill tiles with it (0 without)
         SCALE_IN_EXP=softcap <= 0 and k_scale is None and scale > 0 and _device.backend() != "xpu",
         **tune.launch_options(config),
+        **({"D_TAIL": d_tail} if d_tail else {}),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
         # triton-xpu 3.3's pipeliner asserts on block pointers whose address comes from a loaded

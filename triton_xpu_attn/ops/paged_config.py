@@ -219,11 +219,14 @@ def _rows_aligned(cache: torch.Tensor) -> bool:
     return cache.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in cache.stride()[:-1])
 
 
-def score_chunk(config: dict, kv_load: int, head_dim: int) -> int:
+def score_chunk(config: dict, kv_load: int, head_dim: int, d_tail: int = 0) -> int:
     """``SCORE_CHUNK`` of a launch: the config's ``score_chunk`` (head-dim columns per score dot)
     where K/V use block pointers or device-side descriptors (``KV_LOAD`` 2 or 3) and it is
-    narrower than the padded head dim; else 0 (one dot)."""
+    narrower than the padded head dim; else 0 (one dot). With a tail chunk (``d_tail``, the
+    kernel's ``D_TAIL``) the chunks are at most its width, so they tile it."""
     chunk = config.get("score_chunk", 0)
+    if d_tail and chunk:
+        chunk = min(chunk, d_tail)
     return chunk if kv_load in (2, 3) and 0 < chunk < next_power_of_2(head_dim) else 0
 
 

@@ -13,6 +13,9 @@ from .paged_tiles import _descriptor_tiles, _query_rows_block, _query_rows_desc,
 #: head dims (D and Dv) the paged kernel takes: multiples of 8 up to MAX_HEAD_DIM; tiles are the next
 #: power of two (at least 16, tl.dot's K) with the padded channels masked
 MAX_HEAD_DIM = 512
+#: D (not Dv) may reach MAX_HEAD_DIM_QK: the channels past MAX_HEAD_DIM are the score dot's second
+#: chunk (``D_TAIL``, the next power of two of what is left: 576 = 512 + 64, MLA's latent + rope)
+MAX_HEAD_DIM_QK = 576
 
 # How queries map to programs (constexpr Q_MAPPING):
 _UNIFORM = 0  # q given as [B, S, ...]: request b owns rows b*S .. b*S+S-1
@@ -157,6 +160,7 @@ def _paged_attention_kernel(
     HEADS_FIRST: tl.constexpr = False,
     QO_DESC: tl.constexpr = False,
     SCALE_IN_EXP: tl.constexpr = False,
+    D_TAIL: tl.constexpr = 0,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_BLOCK
     # where the NaN rows past max_seqlen_q are written: by the padding program (_nan_rows_past_grid),
@@ -320,6 +324,14 @@ def _paged_attention_kernel(
             mask=row_valid[:, None] & (d[None, :] < head_dim),
             other=0.0,
         )
+    # D_TAIL: head-dim channels past BLOCK_D (D = 576: 512 + 64), the score dot's second chunk.
+    # With D_CHUNK the chunk loop reads them; else q's tail rows here, once
+    TAIL_DOT: tl.constexpr = D_TAIL > 0 and D_CHUNK == 0
+    q_tail = 0
+    if TAIL_DOT:
+        dt = BLOCK_D + tl.arange(0, D_TAIL)
+        q_tail = tl.load(q_ptr + token[:, None] * stride_q_t + q_head[:, None] * stride_q_h + dt[None, :],
+                         mask=row_valid[:, None] & (dt[None, :] < head_dim), other=0.0)
 
     # ---- the keys these queries can see (bottom-right aligned causal mask and window) ----
     if CONTIGUOUS_KV:
@@ -459,7 +471,7 @@ def _paged_attention_kernel(
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC, SCALE_IN_EXP)
+                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC, SCALE_IN_EXP, q_tail, D_TAIL)
 
     has_key = l_i > 0.0
     v_scale = 1.0

@@ -60,6 +60,7 @@ def _register_compile_variants():
         HEADS_FIRST=False,  # a CUDA grid order (one-query decode)
         QO_DESC=False,  # descriptor q / out go with descriptor K/V (KV_LOAD 3: not triton-xpu 3.3)
         SCALE_IN_EXP=False,  # a CUDA choice (IGC spills with it)
+        D_TAIL=0,  # head dims past 512 only
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF

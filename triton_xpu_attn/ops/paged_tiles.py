@@ -79,16 +79,25 @@ def _query_chunk(q, col, head_dim, SCORE_CHUNK: tl.constexpr, QO_BLOCK: tl.const
 
 
 @triton.jit
-def _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr,
-               SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_LOAD: tl.constexpr = 2):
-    """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a key tile read through block
-    pointers (``KV_LOAD = 2``) or device-side tensor descriptors (3)."""
+def _chunk_keys(k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr, SCORE_CHUNK: tl.constexpr,
+                KV_LOAD: tl.constexpr = 2):
+    """``K^T`` ``[SCORE_CHUNK, BLOCK_N]`` over head-dim columns ``col ..`` of a key tile read
+    through block pointers (``KV_LOAD = 2``) or device-side tensor descriptors (3); columns past
+    ``head_dim`` read 0."""
     if KV_LOAD == 3:  # the tile's whole rows, read at column col (no descriptor of zero columns)
         k = tl.trans(rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, SCORE_CHUNK).load([-skip, col]))
     else:
         k = tl.load(block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
                                 SCORE_CHUNK, True),
                     boundary_check=(0, 1), padding_option="zero")
+    return k
+
+
+@triton.jit
+def _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.constexpr,
+               SCORE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_LOAD: tl.constexpr = 2):
+    """``q_chunk @ K^T`` over head-dim columns ``col ..`` of a key tile (``_chunk_keys``)."""
+    k = _chunk_keys(k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N, SCORE_CHUNK, KV_LOAD)
     return _score_dot(q_chunk, k, DOT_PRECISION)
 
 
@@ -140,7 +149,7 @@ def _tile(
     HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, HOIST_GATHER: tl.constexpr,
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
     INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False, QO_DESC: tl.constexpr = False,
-    SCALE_IN_EXP: tl.constexpr = False,
+    SCALE_IN_EXP: tl.constexpr = False, q_tail=0, D_TAIL: tl.constexpr = 0,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
@@ -155,7 +164,11 @@ def _tile(
     ``[D, BLOCK_N]`` K^T tile beside q (XPU registers at D > 128). A page id outside the
     ``pool_size`` pages of the cache is never followed (``validate=False`` trusts the table): the
     pool's last page is read in its place (``clamp_page``). ``PAGE_IDS_GIVEN``: pages shorter than
-    the tile, per-key gathers: ``page_ids`` holds the tile's page ids, read a tile ahead by the caller."""
+    the tile, per-key gathers: ``page_ids`` holds the tile's page ids, read a tile ahead by the caller.
+    ``D_TAIL > 0`` (head dims past a power of two, 576 = 512 + 64): the head-dim channels past
+    ``BLOCK_D`` are a second chunk of the score dot, ``D_TAIL`` wide; ``q_tail`` holds q's
+    ``[rows, D_TAIL]`` tail (one dot), or with ``SCORE_CHUNK`` the chunk loop runs on over it
+    (``SCORE_CHUNK`` divides ``D_TAIL``)."""
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -220,7 +233,7 @@ def _tile(
             other=0.0,
         )
     if SCORE_CHUNK > 0:
-        for c in tl.static_range(BLOCK_D // SCORE_CHUNK):
+        for c in tl.static_range((BLOCK_D + D_TAIL) // SCORE_CHUNK):
             q_chunk = _query_chunk(q, c * SCORE_CHUNK, head_dim, SCORE_CHUNK, QO_BLOCK, QO_DESC)
             part = _chunk_dot(q_chunk, k_tile, stride_k_tok, head_dim, rows, skip, c * SCORE_CHUNK, BLOCK_N,
                               SCORE_CHUNK, DOT_PRECISION, KV_LOAD)
@@ -229,6 +242,20 @@ def _tile(
             s = s * qk_scale
         s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
         operand_dtype = q_chunk.dtype
+    elif D_TAIL > 0:
+        # the channels past BLOCK_D: their K^T beside the main tile's, accumulated into its scores
+        if KV_LOAD >= 2:
+            k_tail = _chunk_keys(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_D, BLOCK_N, D_TAIL, KV_LOAD)
+        else:
+            dt = BLOCK_D + tl.arange(0, D_TAIL)
+            k_tail = tl.load(k_base + k_rows[None, :] + dt[:, None], mask=key_valid[None, :] & (dt[:, None] < head_dim),
+                             other=0.0)
+        s = _score_dot(q, k, DOT_PRECISION)
+        s = tl.dot(q_tail, k_tail.to(q_tail.dtype), s, out_dtype=tl.float32, input_precision=DOT_PRECISION)
+        if not SCALE_IN_EXP:
+            s = s * qk_scale
+        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
+        operand_dtype = q.dtype
     else:
         s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION,
                          SCALE_IN_EXP)
