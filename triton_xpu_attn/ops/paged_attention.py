@@ -52,6 +52,7 @@ from .._common import (
 )
 from .merge_state import combine_splits
 from . import append_kv as _append
+from . import paged_latent
 from . import paged_registry  # noqa: F401  (registers the kernel's XPU compile variants)
 from .paged_registry import xpu_launch_shape  # noqa: F401  (read by bench/experiments/xpu_cost_model.py)
 from .paged_config import (_heuristic_config, _kv_descriptors, _kv_load, query_heads_per_block,  # noqa: F401
@@ -191,13 +192,19 @@ def flash_attn_with_kvcache(
     ----------
     q : torch.Tensor
         ``[total_q, Hq, D]`` ragged queries with ``cu_seqlens_q``, or ``[B, S, Hq, D]`` (S = 1 is
-        decode). fp16, bf16 or fp32; last dim contiguous, other strides free.
+        decode). fp16, bf16 or fp32; last dim contiguous, other strides free. D and Dv are
+        multiples of 8, D up to 576 (past 512 the score dot takes the channels past 512 as a
+        second chunk), Dv up to 512.
     k_cache, v_cache : torch.Tensor
         ``[num_pages, page_size, H_kv, D]`` and ``[num_pages, page_size, H_kv, Dv]``, q's dtype or
         fp8 (``float8_e4m3fn``/``float8_e5m2``, then with ``k_descale``/``v_descale``). Any strides
         with ``stride(-1) == 1``: K and V may be slices of one buffer, a layer of a multi-layer pool,
         or a ``view(-1, 1, H_kv, D)`` of a paged pool (token-granular tables). ``page_size`` is a
-        power of two from 1 to 2048. Offsets are 64-bit: caches beyond 2^31 elements work.
+        power of two from 1 to 2048. Offsets are 64-bit: caches beyond 2^31 elements work. An MLA
+        latent cache (``H_kv = 1``, ``v_cache = k_cache[..., :Dv]``, vLLM's MLA call: D = 576,
+        Dv = 512) in q's dtype with pages of at most 256 tokens, and no window, soft-cap, sinks or
+        descales, runs on the MLA kernels (``flash_mla_decode`` / ``flash_mla_prefill``: each
+        cache row read once); anything else on the paged kernel.
         With ``page_table=None``: a contiguous cache ``[B_cache, S, H_kv, D]`` / ``[.., Dv]``
         (request ``b`` reads row ``cache_batch_idx[b]``, or ``b``), whose dim 0 stride is a whole
         number of token rows.
@@ -361,6 +368,15 @@ def flash_attn_with_kvcache(
     )
     if check_bool(validate, "validate"):
         _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q, max_q)
+    if paged_latent.takes_latent_route(q, k_cache, v_cache, window_size=window_size, softcap=softcap, sinks=sinks,
+                                       k_descale=k_descale, v_descale=v_descale):
+        # an MLA latent cache (V = K's first Dv channels): the MLA kernels read each row once
+        return paged_latent.latent_attention(
+            q.view(batch, uniform_q_len, num_q_heads, head_dim) if mapping == _UNIFORM else q, k_cache, v_cache,
+            cache_seqlens=cache_seqlens, page_table=page_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_q,
+            softmax_scale=softmax_scale, causal=check_bool(causal, "causal"),
+            num_splits=check_int(num_splits, "num_splits", minimum=0),
+            return_softmax_lse=check_bool(return_softmax_lse, "return_softmax_lse"), out=out)
     return _launch(
         q, k_cache, v_cache, device=device, batch=batch, page_table=page_table, kv_lens=cache_seqlens,
         cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,

@@ -61,6 +61,11 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
             # and ties go to the least DPAS work). Whole 512-channel rows spill 6.6-17 KB with
             # any chunking (every sub-group holds 8 rows x Dv fp32: 16 KB, the whole 256-GRF file)
             tiles.update(BLOCK_DV=256, score_chunk=128, num_warps=2 if decode_like else 8)
+    if head_dim > 512:
+        # D = 576 (512 + a 64-channel tail, the kernel's D_TAIL): the score dot in 64-column chunks
+        # over both, the D = 512 tiles otherwise: 0 B spilled on PVC and BMG, decode and prefill;
+        # whole 512-channel V rows on one program spill 6.7-13 KB at 2-8 warps
+        tiles["score_chunk"] = 64
     if chunked:
         # fp8 K^T has no 2D read: gathered 8-bit K^T beside its 16-bit copy spilled 8.4-8.8 KB at
         # D = 256; the score dot over 128-column chunks with 32-key tiles spills 0 (16-key tiles,

@@ -16,7 +16,7 @@ def xpu_launch_shape(c: dict, q_heads: int, kv_heads: int, keys: int = 4096, q_l
     channels: the score dot) and of its ``BLOCK_DV`` value channels; the minimum reads each K/V byte
     once per KV head and multiplies each visible (query head, key) pair once over ``D + Dv``."""
     group = q_heads // kv_heads
-    d, dv, n, block_q = c["BLOCK_D"], c["BLOCK_DV"] * c["NUM_DV"], c["BLOCK_N"], c["BLOCK_Q"]
+    d, dv, n, block_q = c["BLOCK_D"] + c["D_TAIL"], c["BLOCK_DV"] * c["NUM_DV"], c["BLOCK_N"], c["BLOCK_Q"]
     q_tiles = cdiv(q_len, block_q)
     # keys each query tile visits (its last row's causal limit), and the visible pairs of a head
     tiles = [cdiv(cdiv(keys - q_len + min((t + 1) * block_q, q_len), splits), n) for t in range(q_tiles)]
@@ -123,6 +123,23 @@ def _register_compile_variants():
          "BLOCK_DV": 256, "NUM_DV": 2, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2, "SCORE_CHUNK": 128},
         dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"),
         launch=lambda c: xpu_launch_shape(c, 8, 4, keys=4096, q_len=4096), **xpu,
+    )
+    # D = 576, Dv = 512 (MLA's latent + rope rows with V their first 512 channels, where they do
+    # not take the MLA kernels): 512-channel K tiles plus a 64-channel tail (D_TAIL), the score
+    # dot in 64-column chunks over both, V and out as the D = 512 tiles
+    register_xpu_compile(
+        _paged_attention_kernel, "decode,bf16,D576,Dv512,g16,P64,split",
+        {**common, "BLOCK_Q": 1, "HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "BLOCK_D": 512, "BLOCK_DV": 256, "NUM_DV": 2,
+         "KV_LOAD": 2, "SCORE_CHUNK": 64, "D_TAIL": 64},
+        dots=2, num_warps=2, op="paged_attention", block_2d=("Q", "K", "V"),
+        launch=lambda c: xpu_launch_shape(c, 16, 1, splits=4), **xpu)
+    register_xpu_compile(
+        _paged_attention_kernel, "prefill,bf16,D576,Dv512,g16,P64,causal",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 512,
+         "BLOCK_DV": 256, "NUM_DV": 2, "SPLIT_KV": False, "HOIST_GATHER": True, "KV_LOAD": 2, "SCORE_CHUNK": 64,
+         "D_TAIL": 64},
+        dots=2, num_warps=8, op="paged_attention", block_2d=("Q", "K", "V"),
+        launch=lambda c: xpu_launch_shape(c, 16, 1, keys=4096, q_len=4096), **xpu,
     )
     # contiguous K/V (PAGE_SIZE = 0, flash_attn_varlen_func): prefill-shaped, 128-row query tiles
     register_xpu_compile(

@@ -2,10 +2,9 @@
 served by triton_xpu_attn's ops:
 
 - paged (``block_table`` + ``seqused_k``): :func:`triton_xpu_attn.flash_attn_with_kvcache`, with
-  ``k``/``v`` the ``[num_blocks, block_size, H_kv, D]`` caches; ``s_aux`` are the sinks;
-- paged MLA (``k`` the ``[num_blocks, block_size, 1, R + Dr]`` latent cache, ``v`` its narrow view
-  ``k[..., :R]``, as vLLM's MLA backends pass them): :func:`triton_xpu_attn.flash_mla_decode` when
-  every request has one query, else :func:`triton_xpu_attn.flash_mla_prefill`;
+  ``k``/``v`` the ``[num_blocks, block_size, H_kv, D]`` caches; ``s_aux`` are the sinks. vLLM's
+  MLA call (``k`` the ``[num_blocks, block_size, 1, R + Dr]`` latent cache, ``v`` its narrow view
+  ``k[..., :R]``) is one of these: the op runs it on the MLA kernels (its latent route);
 - non-paged (``cu_seqlens_k``): :func:`triton_xpu_attn.flash_attn_varlen_func`.
 
 Unsupported arguments raise ``ValueError`` naming them; nothing is silently dropped.
@@ -15,17 +14,8 @@ from __future__ import annotations
 import torch
 
 import triton_xpu_attn as _root
-from triton_xpu_attn._common import check_int, check_real, check_window
 
 __all__ = ["flash_attn_varlen_func"]
-
-
-def _is_latent_cache(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """vLLM's MLA call: one KV head, V a view of the first Dv channels of K's rows."""
-    return (
-        k.dim() == 4 and v.dim() == 4 and k.shape[2] == 1 and v.shape[-1] < k.shape[-1]
-        and v.data_ptr() == k.data_ptr() and v.stride()[:3] == k.stride()[:3]
-    )
 
 
 def flash_attn_varlen_func(
@@ -138,9 +128,6 @@ def flash_attn_varlen_func(
         raise ValueError("seqused_k ([B] int32 KV lengths) or host_kv_lens is required with block_table")
     if cu_seqlens_k is not None:
         raise ValueError("cu_seqlens_k must be None with block_table (paged lengths come from seqused_k)")
-    if _is_latent_cache(k, v):
-        return _latent_attention(q, k, v, max_seqlen_q, cu_seqlens_q, seqused_k, block_table, softmax_scale, causal,
-                                 window_size, softcap, s_aux, k_descale, v_descale, return_softmax_lse, out)
     return _root.flash_attn_with_kvcache(
         q, k, v, cache_seqlens=seqused_k, page_table=block_table, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, k_descale=k_descale, v_descale=v_descale,
@@ -148,34 +135,3 @@ def flash_attn_varlen_func(
         num_splits=splits, return_softmax_lse=return_softmax_lse, out=out,
     )
 
-
-def _latent_attention(q, kv_cache, v, max_seqlen_q, cu_seqlens_q, seqused_k, block_table, softmax_scale, causal,
-                      window_size, softcap, sinks, k_descale, v_descale, return_softmax_lse, out):
-    """vLLM's MLA call (latent cache, V = its first Dv channels) on our MLA kernels."""
-    for name, ok in (
-        ("window_size", check_window(window_size) == (-1, -1)),
-        ("softcap", not check_real(softcap, "softcap", minimum=0.0)), ("s_aux", sinks is None),
-        ("k_descale", k_descale is None), ("v_descale", v_descale is None),
-    ):
-        if not ok:
-            raise ValueError(f"{name} is not supported with the MLA latent cache (k [blocks, P, 1, R + Dr], v = k[..., :R])")
-    head_dim_v = v.shape[-1]
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_real(softmax_scale, "softmax_scale")
-    max_seqlen_q = check_int(max_seqlen_q, "max_seqlen_q", minimum=0)
-    batch = block_table.shape[0]
-    if max_seqlen_q == 1 and q.shape[0] == batch:
-        # one query per request: decode (no mask to apply), automatic KV splits with a fresh workspace
-        page_size = kv_cache.shape[1]
-        size = _root.flash_mla_get_workspace_size(block_table.shape[1] * page_size, batch, q.shape[1], page_size, -1,
-                                                  head_dim_v=head_dim_v, device=q.device)
-        workspace = torch.empty(size, dtype=torch.uint8, device=q.device)
-        result = _root.flash_mla_decode(q, None, kv_cache, seqused_k, block_table, workspace, scale, -1,
-                                        return_lse=return_softmax_lse, head_dim_v=head_dim_v)
-    else:
-        result = _root.flash_mla_prefill(q, None, kv_cache, cu_seqlens_q, seqused_k, max_seqlen_q, block_table, None,
-                                         scale, causal, return_lse=return_softmax_lse, head_dim_v=head_dim_v)
-    o, lse = (result[0], result[1]) if return_softmax_lse else (result, None)
-    if out is not None:
-        out.copy_(o)
-        o = out
-    return (o, lse.transpose(0, 1)) if return_softmax_lse else o
