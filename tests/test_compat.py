@@ -258,9 +258,13 @@ def test_vllm_mla_latent_cache(q_lens):
         ref, _ = reference.mla_decode(qb[..., :512], qb[..., 512:], cache.cpu()[:, :, 0], [lens[b]], table.cpu()[b:b + 1],
                                       192**-0.5)
         assert_close(out[cu[b] : cu[b + 1]], ref[0], DTYPE, what=f"request {b}")
-    with pytest.raises(ValueError, match="s_aux"):
-        fn(q, cache, cache[..., :512], max(q_lens), cu, max(lens), seqused_k=seqlens, block_table=table,
-           s_aux=torch.zeros(heads, device=DEVICE))
+    # sinks (which the MLA kernels lack): the paged kernel at D = 576
+    sinks = torch.randn(heads, generator=g)
+    got = fn(q, cache, cache[..., :512], max(q_lens), cu, max(lens), seqused_k=seqlens, causal=True, block_table=table,
+             softmax_scale=192**-0.5, s_aux=sinks.to(DEVICE))
+    ref, _ = reference.paged_attention(q.cpu(), cache.cpu(), cache.cpu()[..., :512], seqlens.cpu(), table.cpu(), cu.cpu(),
+                                       softmax_scale=192**-0.5, causal=True, sinks=sinks)
+    assert_close(got, ref, DTYPE)
 
 
 @pytest.mark.parametrize("name, value", [
