@@ -885,7 +885,7 @@ BAD_INPUT = [
      "page_size must be a power of two from 1 to 2048, got 3"),
     ("page size", "`page_size=2.0`", _LOCAL, _local_args(page_size=2.0), TypeError, "page_size must be an int, got float"),
     ("head dims", "D = 36", _PA, _paged_args(q=torch.zeros(3, 4, 36), k_cache=torch.zeros(6, 4, 2, 36), v_cache=torch.zeros(6, 4, 2, 36)),
-     ValueError, "head dim D must be a multiple of 8 from 8 to 512, got 36"),
+     ValueError, "head dim D must be a multiple of 8 from 8 to 576, got 36"),
     ("head dims", "Dv = 100", _PA, _paged_args(v_cache=torch.zeros(6, 4, 2, 100)), ValueError,
      "value head dim Dv must be a multiple of 8 from 8 to 512, got 100"),
     ("head dims", "3 query heads over 2 KV heads", _PA, _paged_args(q=torch.zeros(3, 3, 64)), ValueError,

@@ -293,7 +293,7 @@ def _valid_args():
         (dict(q=torch.zeros(3, 4, 128)), ValueError, r"q's head dim \(128\) must equal k's \(64\)"),
         (dict(q=torch.zeros(3, 3, 64)), ValueError, "multiple of the KV heads"),
         (dict(q=torch.zeros(3, 4, 44), k=torch.zeros(5, 2, 44), v=torch.zeros(5, 2, 44)), ValueError,
-         "head dim D must be a multiple of 8 from 8 to 512"),
+         "head dim D must be a multiple of 8 from 8 to 576"),
         (dict(v=torch.zeros(5, 2, 260)), ValueError, "value head dim Dv must be a multiple of 8 from 8 to 512"),
         (dict(cu_seqlens_q=torch.tensor([0, 1, 3])), TypeError, "cu_seqlens_q must have dtype"),
         (dict(cu_seqlens_q=torch.zeros(0, dtype=torch.int32)), ValueError, "cu_seqlens_q must have B"),
