@@ -163,13 +163,10 @@ def main(argv=None):
         rows.append(row)
         print(fmt_row(row), flush=True)
         common.free_memory()
-    for name in ("varlen", "paged576", "flashinfer"):
-        ratios = [r[f"{name}_vs_mla"] for r in rows if common.finite(r.get(f"{name}_vs_mla", float("nan")))]
-        line = common.speedup_line([{"x": x} for x in ratios], "x", f"{name} time / flash_mla_decode time")
-        if line:
-            summary.append(line)
-    for line in summary:
-        print(line)
+    lines = (common.speedup_line(rows, f"{name}_vs_mla", f"{name} time / flash_mla_decode time")
+             for name in ("varlen", "paged576", "flashinfer"))
+    summary += [line for line in lines if line]
+    print("\n".join(summary))
     common.write_results("head_dim_576", rows, out=args.out, quick=args.quick or dev.type == "cpu",
                          title="MLA decode at head dim 576 through varlen / kvcache, beside flash_mla_decode and FlashInfer",
                          summary=summary)
