@@ -33,10 +33,10 @@ def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap
 
 
 @triton.jit
-def _score_dot(q, k, DOT_PRECISION: tl.constexpr, acc=None):
-    """``q @ k`` in fp32 (plus ``acc`` when given), ``k`` cast to q's dtype (both dot operands one
-    dtype): the one score dot of the paged kernel, whole or per head-dim chunk."""
-    return tl.dot(q, k.to(q.dtype), acc, out_dtype=tl.float32, input_precision=DOT_PRECISION)
+def _score_dot(q, k, DOT_PRECISION: tl.constexpr):
+    """``q @ k`` in fp32, ``k`` cast to q's dtype (both dot operands one dtype): the one score dot
+    of the paged kernel, whole or per head-dim chunk."""
+    return tl.dot(q, k.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -250,8 +250,7 @@ def _tile(
             dt = BLOCK_D + tl.arange(0, D_TAIL)
             k_tail = tl.load(k_base + k_rows[None, :] + dt[:, None], mask=key_valid[None, :] & (dt[:, None] < head_dim),
                              other=0.0)
-        s = _score_dot(q, k, DOT_PRECISION)
-        s = _score_dot(q_tail, k_tail, DOT_PRECISION, s)
+        s = _score_dot(q, k, DOT_PRECISION) + _score_dot(q_tail, k_tail, DOT_PRECISION)
         if not SCALE_IN_EXP:
             s = s * qk_scale
         s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP)
