@@ -45,7 +45,7 @@ def latent_attention(q, k_cache, v_cache, *, cache_seqlens, page_table, cu_seqle
     request through ``flash_mla_decode`` (its automatic KV splits with ``num_splits`` 0), as do
     4-D causal drafts ``[B, S, Hq, D]``; other ragged or non-causal queries through
     ``flash_mla_prefill``. Same results and layouts as the paged kernel: ``out [total_q, Hq, Dv]``,
-    LSE ``[Hq, total_q]`` (a transposed view)."""
+    LSE ``[Hq, total_q]``."""
     head_dim_v = v_cache.shape[-1]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_real(softmax_scale, "softmax_scale")
     batch, page_size = page_table.shape[0], k_cache.shape[1]
@@ -78,4 +78,4 @@ def latent_attention(q, k_cache, v_cache, *, cache_seqlens, page_table, cu_seqle
         o = out
     if not return_softmax_lse:
         return o
-    return o, lse.reshape(total_q, num_heads).transpose(0, 1)
+    return o, lse.reshape(total_q, num_heads).transpose(0, 1).contiguous()  # the paged kernel's layout
