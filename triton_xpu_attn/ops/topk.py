@@ -27,8 +27,8 @@ register-resident set:
   ``GROUPS * ln(GROUPS / (GROUPS - topk))`` positions reach it (2800 for topk 2048), whatever the
   row's width. A second read compacts the positions whose key is ``>= v`` (and their keys) into
   scratch, in order; ``_topk_select_kernel`` then bisects over those candidates. Fewer rows than
-  the device has units are read by several programs each (``_topk_group_max_kernel`` folds their
-  groups' maxima with atomic max, then each program compacts its own range). Where more than
+  the device has units are read by several programs each (``_topk_group_max_kernel`` writes each
+  split's group maxima, the candidates kernel folds them, then each program compacts its own range). Where more than
   ``CAPACITY`` positions reach ``v`` (heavy ties, or scores shaped to defeat the groups) the select
   kernel streams the row instead: the threshold is ``v`` itself when fewer than ``topk`` keys
   exceed it, else found by bisection over the row (16 reads); one more read writes the selection.
@@ -250,12 +250,13 @@ def _group_maxima(base, stride_sc, n, first, step, GROUPS: tl.constexpr):
 @triton.jit
 def _topk_group_max_kernel(
     score_ptr, stride_sr, stride_sc, width, len_ptr, stride_len, rs_ptr, stride_rs,
-    max_ptr,  # [rows, GROUPS] int32, filled with the lowest key: the groups' maxima (atomic max)
+    max_ptr,  # [rows * SPLITS, GROUPS] int32: each split's group maxima
     row0, topk,
     HAS_ROW_STARTS: tl.constexpr, GROUPS: tl.constexpr, SPLITS: tl.constexpr,
 ):
-    """Program ``(r, p)``: split ``p`` of row ``row0 + r`` (every ``SPLITS``-th chunk of
-    ``GROUPS`` positions) folded into the row's group maxima."""
+    """Program ``(r, p)``: the group maxima of split ``p`` of row ``row0 + r`` (every
+    ``SPLITS``-th chunk of ``GROUPS`` positions), stored as its own row (the candidates kernel
+    folds the splits: no fill, no atomics)."""
     r = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     row = row0 + r
@@ -263,14 +264,14 @@ def _topk_group_max_kernel(
     if n > topk:
         acc = _group_maxima(score_ptr + row * stride_sr + start * stride_sc, stride_sc, n, p * GROUPS,
                             SPLITS * GROUPS, GROUPS)
-        tl.atomic_max(max_ptr + r * GROUPS + tl.arange(0, GROUPS), acc, sem="relaxed")
+        tl.store(max_ptr + (r * SPLITS + p) * GROUPS + tl.arange(0, GROUPS), acc)
 
 
 @triton.jit
 def _topk_candidates_kernel(
     score_ptr, stride_sr, stride_sc, width,  # [B, W] scores
     len_ptr, stride_len, rs_ptr, stride_rs,  # [B] lengths, [B] row starts (read when HAS_ROW_STARTS)
-    max_ptr,  # [rows, GROUPS] int32 group maxima (SPLITS > 1: the group-max kernel's)
+    max_ptr,  # [rows * SPLITS, GROUPS] int32 group maxima of each split (SPLITS > 1: the group-max kernel's)
     skey_ptr, sidx_ptr,  # [rows * SPLITS, CAPACITY] int32 scratch: candidates' keys and positions
     meta_ptr,  # [rows * SPLITS, 4] int32 scratch: candidates, bound v, keys above v
     row0, topk,
@@ -291,7 +292,9 @@ def _topk_candidates_kernel(
         if SPLITS == 1:
             acc = _group_maxima(base, stride_sc, n, 0, GROUPS, GROUPS)
         else:
-            acc = tl.load(max_ptr + r * GROUPS + g)
+            acc = tl.load(max_ptr + r * SPLITS * GROUPS + g)
+            for q in range(1, SPLITS):
+                acc = tl.maximum(acc, tl.load(max_ptr + (r * SPLITS + q) * GROUPS + g))
         v = _kth_largest(acc, topk)
         span = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
         lo = p * span
@@ -536,13 +539,12 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         skey = torch.empty((regions, CAPACITY), dtype=torch.int32, device=device)
         sidx = torch.empty((regions, CAPACITY), dtype=torch.int32, device=device)
         meta = torch.empty((regions, 4), dtype=torch.int32, device=device)
-        maxima = torch.empty((per_launch, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
+        maxima = torch.empty((regions, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
         options = _launch_options(max(GROUPS, CAPACITY))
         select_options = _launch_options(CAPACITY)
         for row0 in range(0, rows, per_launch):
             count = min(per_launch, rows - row0)
             if splits > 1:
-                maxima.fill_(-(2**31))
                 _topk_group_max_kernel[(count, splits)](*row_args, maxima, row0, topk, HAS_ROW_STARTS=row_starts is not None,
                                                         GROUPS=GROUPS, SPLITS=splits, **options)
             _topk_candidates_kernel[(count, splits)](*row_args, maxima, skey, sidx, meta, row0, topk,
