@@ -398,8 +398,9 @@ def test_split_plan():
     assert decode_mod._splits(2, 0, 16, 132, 0) == (1, 16)
     # a config's waves: programs per compute unit the split count aims at
     assert decode_mod._splits(200, 2048, 32, 132, 0, waves=1) == (1, 32)
-    assert decode_mod._splits(200, 2048, 32, 132, 0)[0] == 2
-    assert decode_mod._splits(64, 2048, 32, 132, 0, waves=1)[0] == 3
+    assert decode_mod._splits(100, 2048, 32, 132, 0)[0] == 2  # 200 programs: within 2 x 132
+    assert decode_mod._splits(64, 2048, 32, 132, 0, waves=1)[0] == 2  # 128 programs, not 192
+    assert decode_mod._splits(16, 2048, 32, 132, 0, waves=1)[0] == 8
 
 
 # ---- dense path (block_table + cache_seqlens) ----

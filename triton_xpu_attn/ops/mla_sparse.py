@@ -128,12 +128,14 @@ def _ue8m0_to_f32(s):
 
 @triton.jit
 def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, D_QK: tl.constexpr,
-            LAYOUT: tl.constexpr, DTYPE: tl.constexpr):
+            LAYOUT: tl.constexpr, DTYPE: tl.constexpr, FP8_CVT: tl.constexpr):
     """Channels ``[c0, c0 + W)`` of the selected rows as ``[BLOCK_N, W]`` ``DTYPE`` (``c0`` a
     multiple of ``W``, known to lie in ``[LO, HI - W]``): ``rows`` / ``scale_rows`` are the rows'
     starts (elements of the cache's dtype for ``LAYOUT_PLAIN``, bytes otherwise), ``valid`` the rows
     to read (others, and channels past ``d_qk``, give 0). fp8 channels are dequantised (tile scale
-    applied: one per row for a slice within a tile, else one per tile of the slice) before the cast."""
+    applied: one per row for a slice within a tile, else one per tile of the slice) before the cast;
+    ``FP8_CVT``: e4m3 bytes through the hardware conversion, else in integer arithmetic (Intel GPUs
+    and the interpreter have no fp8 arithmetic)."""
     cols = c0 + tl.arange(0, W)
     if LAYOUT == 0:
         k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI), other=0.0)
@@ -146,7 +148,10 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
         k = tl.zeros([BLOCK_N, W], dtype=tl.float32)
         if LO < NOPE:
             b = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, NOPE, HI), other=0)
-            k = _e4m3_to_f32(b.to(tl.int32))
+            if FP8_CVT:  # the GPU's own e4m3 conversion (NVIDIA sm_89+): a few instructions a pair
+                k = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            else:
+                k = _e4m3_to_f32(b.to(tl.int32))
             if W <= TILE:
                 # one tile: one scale a row
                 in_nope = valid & ((c0 + tl.zeros([BLOCK_N], dtype=tl.int32)) < NOPE)
@@ -275,6 +280,7 @@ def _mla_sparse_kernel(
     SPLIT: tl.constexpr,  # write normalised partials and their LSEs (combined by another kernel)
     WRITE_MAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8_CVT: tl.constexpr,  # fp8 caches: the hardware's e4m3 conversion (NVIDIA sm_89+)
 ):
     NUM_DV: tl.constexpr = (D_V + BLOCK_DV - 1) // BLOCK_DV
     # the K tile of the held-q path is V too when one program owns all output channels in it
@@ -351,11 +357,11 @@ def _mla_sparse_kernel(
             rows = kv_ptr + rows
             scale_rows = kv_ptr + scale_rows
         if SCORE_CHUNK == 0:
-            k_main = _k_cols(rows, scale_rows, valid, 0, BLOCK_MAIN, 0, BLOCK_MAIN, D_QK, LAYOUT, DTYPE)
+            k_main = _k_cols(rows, scale_rows, valid, 0, BLOCK_MAIN, 0, BLOCK_MAIN, D_QK, LAYOUT, DTYPE, FP8_CVT)
             s = _score_dot(q_main, k_main, DOT_PRECISION)
             if BLOCK_TAIL > 0:
                 k_tail = _k_cols(rows, scale_rows, valid, BLOCK_MAIN, BLOCK_TAIL, BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL, D_QK,
-                                 LAYOUT, DTYPE)
+                                 LAYOUT, DTYPE, FP8_CVT)
                 s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
         else:
             for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
@@ -363,7 +369,7 @@ def _mla_sparse_kernel(
                 q_c = tl.load(q_rows[:, None] + cc[None, :],
                               mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
                 k_c = _k_cols(rows, scale_rows, valid, c * SCORE_CHUNK, SCORE_CHUNK, c * SCORE_CHUNK, (c + 1) * SCORE_CHUNK,
-                              D_QK, LAYOUT, DTYPE)
+                              D_QK, LAYOUT, DTYPE, FP8_CVT)
                 part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
                 s = part if c == 0 else s + part
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -371,7 +377,8 @@ def _mla_sparse_kernel(
         if V_FROM_K:
             v = k_main
         else:
-            v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE)
+            v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE,
+                        FP8_CVT)
         acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     if D_V % BLOCK_DV == 0:
@@ -430,7 +437,7 @@ def _register_compile_variants():
         qk_scale="fp32", tokens_per_batch="i32", topk="i32", x_topk="i32", split_len="i32", group="i32",
         D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN, PAGED=False,
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
-        WRITE_MAX=True, DOT_PRECISION="tf32",
+        WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
     )
     opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
@@ -542,6 +549,11 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
                 programs_per_token=programs_per_token)
 
 
+def _hardware_e4m3(device) -> bool:
+    """Whether kernels may convert e4m3 bytes with the GPU's own instructions (NVIDIA sm_89+)."""
+    return _device.backend() == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _offset_from(base: torch.Tensor, other: torch.Tensor) -> int:
     """Where ``other``'s data starts, in elements of ``base`` from ``base``'s (the kernel addresses
     both caches from one pointer); a host-side value (no sync)."""
@@ -586,6 +598,7 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             HAS_EXTRA_TOPK_LENGTH=x_lengths is not None, HAS_SINK=attn_sink is not None and not split,
             SPLIT=split, WRITE_MAX=max_logits is not None,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            FP8_CVT=layout != LAYOUT_PLAIN and _hardware_e4m3(device),
             **tune.launch_options(tiles["config"]),
         )
 

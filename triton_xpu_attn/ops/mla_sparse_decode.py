@@ -150,8 +150,8 @@ _PROGRAMS_PER_UNIT = 2
 
 def _splits(programs: int, entries: int, block_n: int, compute_units: int, forced: int,
             waves: int = _PROGRAMS_PER_UNIT) -> tuple[int, int]:
-    """``(splits, split_len)``: enough splits to give the device ``waves`` programs per compute
-    unit (a config's ``waves``; heavy tiles want fewer), each at least ``_MIN_SPLIT_ENTRIES``
+    """``(splits, split_len)``: as many splits as keep the grid within ``waves`` programs per
+    compute unit (a config's ``waves``; heavy tiles want fewer), each at least ``_MIN_SPLIT_ENTRIES``
     entries (a multiple of ``block_n``); ``forced`` > 0: that many (a config's ``SPLITS``)."""
     if entries <= 0:
         return 1, block_n
@@ -160,7 +160,8 @@ def _splits(programs: int, entries: int, block_n: int, compute_units: int, force
     elif programs >= waves * compute_units:
         return 1, block_n
     else:
-        want = min(cdiv(waves * compute_units, max(programs, 1)), cdiv(entries, _MIN_SPLIT_ENTRIES))
+        # whole waves: at most waves x units programs (a partial extra wave costs a whole one)
+        want = min(max(1, waves * compute_units // max(programs, 1)), cdiv(entries, _MIN_SPLIT_ENTRIES))
     want = max(1, min(want, MAX_SPLITS, cdiv(entries, block_n)))
     split_len = cdiv(cdiv(entries, want), block_n) * block_n
     return cdiv(entries, split_len), split_len
