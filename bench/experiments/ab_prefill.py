@@ -9,6 +9,7 @@ causal, ragged q over a randomly permuted paged cache). The prefill guard beside
                                                        # autotune_configs), each imported under its own name
     AB_ROUNDS=6 AB_REP_MS=30 AB_CASES="4,32,8,64,4096,4096,64;4,32,8,128,2048,8192,64" python ...
     # AB_CASES: B,Hq,Hkv,D,q_len,L,P cases instead of the grid
+    AB_UNIFORM=1 AB_CASES="64,32,8,128,1,8192,16" python ...                      # decode: q [B, 1, Hq, D]
 
 Prints each copy's time over the base's per case (> 1 slower) and exits 1 naming every case where a
 copy is slower than ``SLOWER`` (1.03x). A module copy imports today's package helpers (``_common``),
@@ -37,6 +38,8 @@ from sweeps import SLOWER, load_old_op  # noqa: E402
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", 8))
 REP_MS = int(os.environ.get("AB_REP_MS", 3))
+#: AB_UNIFORM=1: q as [B, q_len, Hq, D] (decode's uniform mapping) instead of ragged with cu_seqlens_q
+UNIFORM = os.environ.get("AB_UNIFORM", "0") == "1"
 # (B, Hq, Hkv, D, q_len, L, P): the peers' prefill grid
 CASES = [(B, Hq, Hkv, D, S, L, P)
          for B, Hq, Hkv, D, S, L in [(1, 32, 8, 128, 8192, 8192), (4, 32, 8, 128, 4096, 4096),
@@ -55,6 +58,8 @@ def make(B, Hq, Hkv, D, S, L, P, dev="cuda"):
     q = torch.randn(B * S, Hq, D, device=dev, dtype=torch.bfloat16)
     cu = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * S
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    if UNIFORM:  # q [B, S, Hq, D]: the uniform query mapping decode takes (no cu_seqlens_q)
+        return dict(q=q.view(B, S, Hq, D), k_cache=k, v_cache=v, cache_seqlens=lens, page_table=table, causal=True)
     return dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lens, page_table=table, cu_seqlens_q=cu, max_seqlen_q=S,
                 causal=True)
 
