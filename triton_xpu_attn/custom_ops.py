@@ -150,11 +150,11 @@ def _no_lse(like: Tensor) -> Tensor:
 
 
 def _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap, sinks,
-                  k_descale, v_descale, num_splits):
+                  k_descale, v_descale, num_splits, alibi_slopes):
     return dict(
         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, sinks=sinks, k_descale=k_descale,
-        v_descale=v_descale, num_splits=num_splits,
+        v_descale=v_descale, num_splits=num_splits, alibi_slopes=alibi_slopes,
     )
 
 
@@ -182,10 +182,11 @@ def flash_attn_with_kvcache(
     v_descale: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`triton_xpu_attn.flash_attn_with_kvcache` as a custom op: ``(out, lse)``."""
     kwargs = _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
-                           sinks, k_descale, v_descale, num_splits)
+                           sinks, k_descale, v_descale, num_splits, alibi_slopes)
     res = _paged.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table,
         return_softmax_lse=return_softmax_lse, **kwargs,
@@ -196,7 +197,7 @@ def flash_attn_with_kvcache(
 @flash_attn_with_kvcache.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q=None, max_seqlen_q=None, softmax_scale=None,
       causal=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
-      num_splits=0, return_softmax_lse=False):
+      num_splits=0, return_softmax_lse=False, alibi_slopes=None):
     total_q, heads, dv = _paged_out_shape(q, v_cache)
     out = q.new_empty((total_q, heads, dv))
     lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
@@ -223,11 +224,12 @@ def flash_attn_with_kvcache_out(
     v_descale: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tensor:
     """:func:`triton_xpu_attn.flash_attn_with_kvcache` with ``out=``: writes ``out``, returns ``lse``
     (shape ``[0]`` unless ``return_softmax_lse``)."""
     kwargs = _paged_kwargs(cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
-                           sinks, k_descale, v_descale, num_splits)
+                           sinks, k_descale, v_descale, num_splits, alibi_slopes)
     res = _paged.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, out=out,
         return_softmax_lse=return_softmax_lse, **kwargs,
@@ -238,7 +240,7 @@ def flash_attn_with_kvcache_out(
 @flash_attn_with_kvcache_out.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, page_table, out, cu_seqlens_q=None, max_seqlen_q=None, softmax_scale=None,
       causal=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
-      num_splits=0, return_softmax_lse=False):
+      num_splits=0, return_softmax_lse=False, alibi_slopes=None):
     total_q, heads, _ = _paged_out_shape(q, v_cache)
     return q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
 
@@ -264,13 +266,14 @@ def flash_attn_varlen_func(
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     seqused_q: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`triton_xpu_attn.flash_attn_varlen_func` as a custom op: ``(out, lse)``."""
     res = _varlen.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
         softmax_scale=softmax_scale, sinks=sinks, causal=causal, k_descale=k_descale, v_descale=v_descale,
         window_size=(window_left, window_right), softcap=softcap, num_splits=num_splits,
-        return_softmax_lse=return_softmax_lse,
+        return_softmax_lse=return_softmax_lse, alibi_slopes=alibi_slopes,
     )
     return res if return_softmax_lse else (res, _no_lse(q))
 
@@ -278,7 +281,7 @@ def flash_attn_varlen_func(
 @flash_attn_varlen_func.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
       sinks=None, causal=False, k_descale=None, v_descale=None, window_left=-1, window_right=-1, softcap=0.0,
-      num_splits=0, return_softmax_lse=False, seqused_q=None):
+      num_splits=0, return_softmax_lse=False, seqused_q=None, alibi_slopes=None):
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
     return out, lse

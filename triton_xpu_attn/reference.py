@@ -11,6 +11,9 @@ Written for clarity, not speed: loops over requests, float64 arithmetic by defau
   iff ``i - left <= j <= i + right`` (``-1`` = unbounded on that side; ``causal`` forces
   ``right = 0``). ``(W, 0)`` therefore sees ``W + 1`` keys.
 * Softcap ``cap * tanh(s / cap)`` is applied to the scaled logits **before** masking.
+* ALiBi slopes (``[Hq]`` or ``[B, Hq]``) add ``-slope * |i - j|`` to the logit of a query at
+  absolute position ``i`` and key ``j``, after the scale and the softcap (FlashAttention's
+  ``attn_bias_from_alibi_slopes`` without its causal shortcut); the LSE includes the bias.
 * Sinks are per-query-head logits (natural log, not scaled) that join the softmax denominator
   only; the LSE includes them.
 * LSE is the natural-log log-sum-exp of the scaled (and capped) logits, ``[Hq, total_q]``.
@@ -77,6 +80,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     k_descale=None,
     v_descale=None,
+    alibi_slopes: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ):
     """Attention of ragged queries over a paged KV cache.
@@ -110,6 +114,12 @@ def paged_attention(
         s = torch.einsum("qhd,khd->hqk", qb, k) * scale
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(dtype=dtype, device=device)
+            slopes = slopes if slopes.dim() == 1 else slopes[b]
+            pos_q = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+            distance = (pos_q - torch.arange(kv_len, device=device)[None, :]).abs().to(dtype)
+            s = s - slopes[:, None, None] * distance[None]
         mask = visible_keys(q_len, kv_len, causal, window_size, device)[None]
         s = s.masked_fill(~mask, -math.inf)
         if sinks is not None:

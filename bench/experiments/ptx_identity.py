@@ -100,13 +100,19 @@ def main() -> int:
     variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today._paged_attention_kernel]
     prefill = dict(BLOCK_Q=16, HEADS_PER_BLOCK=4, BLOCK_N=64, SPLIT_KV=False, Q_MAPPING=1)
     cases = []
+    # CUDA launches apply the softmax scale inside the exponent where no softcap or K descale is set
+    in_exp = dict(SCALE_IN_EXP=True)
     for v in variants:  # as registered (decode, drafts, pointer prefill), and as a 64-row prefill tile
         cases.append((v.label, v, {}, dict(num_warps=4, num_stages=2), None))
         cases.append((v.label + " as prefill 64x64", v, prefill, dict(num_warps=4, num_stages=2), None))
+        if not (v.constexprs.get("HAS_SOFTCAP") or v.constexprs.get("HAS_K_DESCALE")):
+            cases.append((v.label + " scale in exp", v, in_exp, dict(num_warps=4, num_stages=2), None))
     base = next(v for v in variants if v.constexprs.get("PAGE_SIZE") == 0 and v.constexprs.get("BLOCK_D") == 128)
     for page, rows in ((64, 64), (256, 64), (32, 32), (0, 64)):  # descriptor paths (Triton >= 3.4)
-        cases.append((f"descriptors P={page}", base, dict(prefill, BLOCK_D=128, BLOCK_DV=128, PAGE_SIZE=page),
-                      dict(num_warps=4, num_stages=3), rows))
+        for label, extra in (("", {}), (" scale in exp", in_exp)):
+            cases.append((f"descriptors P={page}{label}", base,
+                          dict(prefill, BLOCK_D=128, BLOCK_DV=128, PAGE_SIZE=page, **extra),
+                          dict(num_warps=4, num_stages=3), rows))
     print(f"triton {triton.__version__}, target {TARGET}: {sys.argv[1]} vs today's ops/paged_attention.py")
     different = 0
     for label, v, extra, options, rows in cases:

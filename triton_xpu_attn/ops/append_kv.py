@@ -387,7 +387,7 @@ def attention_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: t
 def append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cache_seqlens, page_table,
                        cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
                        k_descale, v_descale, softmax_scale, sinks, causal, window_size, softcap, rotary_interleaved,
-                       num_splits, return_softmax_lse, out, validate):
+                       num_splits, return_softmax_lse, out, validate, alibi_slopes=None):
     """``flash_attn_with_kvcache`` with FlashAttention-3's AppendKV (``k``/``v``, rotary),
     ``cache_batch_idx``, ``cache_leftpad`` or a contiguous cache (``page_table`` None): the new
     tokens are written (ops/append_kv.py), then the attention runs over ``cache_seqlens + new``
@@ -515,5 +515,5 @@ def append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cach
         max_kv_len=table.shape[1] * k_pool.shape[1], mapping=mapping, cu_seqlens_q=cu_seqlens_q,
         uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
         window_size=window_size, softcap=softcap, k_descale=k_scale, v_descale=v_scale, num_splits=num_splits,
-        return_softmax_lse=return_softmax_lse, out=out,
+        return_softmax_lse=return_softmax_lse, out=out, alibi_slopes=alibi_slopes,
     )

@@ -133,6 +133,21 @@ def _as_scale(name: str, scale, batch: int, num_kv_heads: int, device) -> torch.
                      f"{list(scale.stride())}: ambiguous")
 
 
+def _as_alibi_slopes(alibi_slopes, batch: int, num_q_heads: int) -> torch.Tensor | None:
+    """ALiBi slopes as FlashAttention takes them: a float32 tensor ``[Hq]`` (every request) or
+    ``[B, Hq]``; a last dim that is not contiguous is copied (the kernel reads it with stride 1,
+    rows with ``stride(0)``: 0 for ``[Hq]`` or an expanded ``[B, Hq]``)."""
+    if alibi_slopes is None:
+        return None
+    check_tensor("alibi_slopes", alibi_slopes, dtypes=(torch.float32,))
+    if tuple(alibi_slopes.shape) not in ((num_q_heads,), (batch, num_q_heads)):
+        raise ValueError(f"alibi_slopes must have shape [{num_q_heads}] (Hq) or [{batch}, {num_q_heads}] (B, Hq), "
+                         f"got {list(alibi_slopes.shape)}")
+    if alibi_slopes.shape[-1] > 1 and alibi_slopes.stride(-1) != 1:
+        alibi_slopes = alibi_slopes.contiguous()
+    return alibi_slopes
+
+
 def _check_heads(q: torch.Tensor, k_name: str, num_kv_heads: int, head_dim: int, head_dim_v: int) -> None:
     """q's head dim equals K's, both head dims are supported (D up to MAX_HEAD_DIM_QK, Dv up to
     MAX_HEAD_DIM), and Hq is a multiple of H_kv."""
@@ -172,6 +187,7 @@ def flash_attn_with_kvcache(
     causal: bool = False,
     window_size=(-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     rotary_interleaved: bool = True,
     scheduler_metadata=None,
     num_splits: int = 0,
@@ -270,6 +286,12 @@ def flash_attn_with_kvcache(
         -1 means unbounded. ``(W, 0)`` sees ``W + 1`` keys.
     softcap : float
         If > 0, logits become ``softcap * tanh(logits / softcap)`` before masking.
+    alibi_slopes : torch.Tensor, optional
+        ``[Hq]`` or ``[B, Hq]`` float32 ALiBi slopes (FlashAttention's): the logit of query
+        position ``i`` (bottom-right aligned, as the causal mask) and key ``j`` gets
+        ``-slope * |i - j|``, added after ``softmax_scale`` and the softcap, unscaled; masks and
+        windows still apply, and the LSE includes the bias. (FlashAttention-2's causal kernel adds
+        ``slope * j`` instead: the same output, its LSE larger by ``slope * i``.)
     num_splits : int
         KV splits: 0 = automatic (from compute units, batch, heads and the table width), 1 = none,
         n > 1 = at most n (each request uses fewer when it is short). The automatic count is cut
@@ -304,7 +326,7 @@ def flash_attn_with_kvcache(
             cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens,
             k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
             window_size=window_size, softcap=softcap, rotary_interleaved=rotary_interleaved, num_splits=num_splits,
-            return_softmax_lse=return_softmax_lse, out=out, validate=validate,
+            return_softmax_lse=return_softmax_lse, out=out, validate=validate, alibi_slopes=alibi_slopes,
         )
 
     # ---- shapes and dtypes ----
@@ -364,12 +386,12 @@ def flash_attn_with_kvcache(
 
     device = check_same_device(
         q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens,
-        cu_seqlens_q=cu_seqlens_q, sinks=sinks, out=out,
+        cu_seqlens_q=cu_seqlens_q, sinks=sinks, alibi_slopes=alibi_slopes, out=out,
     )
     if check_bool(validate, "validate"):
         _validate(cache_seqlens, page_table, page_size, num_pages, cu_seqlens_q, uniform_q_len, total_q, max_q)
     if paged_latent.takes_latent_route(q, k_cache, v_cache, window_size=window_size, softcap=softcap, sinks=sinks,
-                                       k_descale=k_descale, v_descale=v_descale):
+                                       k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes):
         # an MLA latent cache (V = K's first Dv channels): the MLA kernels read each row once
         return paged_latent.latent_attention(
             q.view(batch, uniform_q_len, num_q_heads, head_dim) if mapping == _UNIFORM else q, k_cache, v_cache,
@@ -382,13 +404,13 @@ def flash_attn_with_kvcache(
         cu_seqlens_k=None, max_kv_len=page_table.shape[1] * page_size, mapping=mapping, cu_seqlens_q=cu_seqlens_q,
         uniform_q_len=uniform_q_len, max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
         window_size=window_size, softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
-        return_softmax_lse=return_softmax_lse, out=out,
+        return_softmax_lse=return_softmax_lse, out=out, alibi_slopes=alibi_slopes,
     )
 
 
 def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv_len, mapping, cu_seqlens_q,
             uniform_q_len, max_q, softmax_scale, sinks, causal, window_size, softcap, k_descale, v_descale,
-            num_splits, return_softmax_lse, out, seqused_q=None):
+            num_splits, return_softmax_lse, out, seqused_q=None, alibi_slopes=None):
     """The attention both public functions run once their layout arguments are checked.
 
     ``q`` is ragged 3-D. ``k``/``v`` are a paged cache ``[pages, P, H_kv, D]`` read through
@@ -397,6 +419,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     ``[B]`` int32 are the keys of each request (clamped in the kernel to the table / the slice);
     ``max_kv_len`` bounds them on the host (for the split count only). ``seqused_q`` ``[B]`` int32
     (ragged q only): the rows of each request's slice in use (``flash_attn_varlen_func``).
+    ``alibi_slopes``: ``[Hq]`` or ``[B, Hq]`` float32, or None.
     """
     contiguous = page_table is None
     num_q_heads, head_dim = q.shape[1], k.shape[-1]
@@ -415,6 +438,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
     if sinks is not None:
         check_tensor("sinks", sinks, dtypes=FLOAT_DTYPES, shape=(num_q_heads,))
         sinks = sinks.contiguous()
+    alibi = _as_alibi_slopes(alibi_slopes, batch, num_q_heads)
     k_scale = _as_scale("k_descale", k_descale, batch, num_kv_heads, device)
     v_scale = _as_scale("v_descale", v_descale, batch, num_kv_heads, device)
     if out is None:
@@ -526,6 +550,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
             *((k_scale, *k_scale.stride()) if k_scale is not None else (q, 0, 0)),
             *((v_scale, *v_scale.stride()) if v_scale is not None else (q, 0, 0)),
             sinks if sinks is not None else q,
+            *((alibi, alibi.stride(0) if alibi.dim() == 2 else 0) if alibi is not None else (None, None)),
             out, out.stride(0), out.stride(1),
             lse_arg, lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
             partial_out, *po_strides,
@@ -571,6 +596,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         # scale_in_exp.txt). Not on Intel GPUs: IGC spilled 64-192 B a thread on the PVC varlen and
         # 16-token-page prefill tiles with it (0 without)
         SCALE_IN_EXP=softcap <= 0 and k_scale is None and scale > 0 and _device.backend() != "xpu",
+        HAS_ALIBI=alibi is not None,
         **tune.launch_options(config),
         **({"D_TAIL": d_tail} if d_tail else {}),
     )

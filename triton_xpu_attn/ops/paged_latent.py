@@ -27,15 +27,16 @@ def is_latent_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     )
 
 
-def takes_latent_route(q, k_cache, v_cache, *, window_size, softcap, sinks, k_descale, v_descale) -> bool:
+def takes_latent_route(q, k_cache, v_cache, *, window_size, softcap, sinks, k_descale, v_descale,
+                       alibi_slopes=None) -> bool:
     """Whether ``flash_attn_with_kvcache`` runs this (checked) call on the MLA kernels: a latent
     cache in q's dtype, pages of at most 256 tokens, a non-empty batch, and none of the options
-    the MLA kernels lack (window, soft-cap, sinks, descales)."""
+    the MLA kernels lack (window, soft-cap, sinks, descales, ALiBi)."""
     return (
         is_latent_cache(k_cache, v_cache) and k_cache.dtype == q.dtype and k_cache.shape[1] <= _MLA_MAX_PAGE
         and k_cache.shape[0] > 0 and q.numel() > 0
         and check_window(window_size) == (-1, -1) and check_real(softcap, "softcap", minimum=0.0) == 0.0
-        and sinks is None and k_descale is None and v_descale is None
+        and sinks is None and k_descale is None and v_descale is None and alibi_slopes is None
     )
 
 

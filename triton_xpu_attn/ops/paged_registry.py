@@ -42,7 +42,7 @@ def _register_compile_variants():
         cu_seqlens_k_ptr="*i32", seqused_q_ptr="*i32",
         k_descale_ptr="*fp32", stride_kd_b="i32", stride_kd_h="i32",
         v_descale_ptr="*fp32", stride_vd_b="i32", stride_vd_h="i32",
-        sinks_ptr="*fp32", out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
+        sinks_ptr="*fp32", alibi_ptr=None, stride_alibi_b=None, out_ptr="*bf16", stride_o_t="i64", stride_o_h="i32",
         lse_ptr="*fp32", stride_lse_h="i64", stride_lse_t="i32",
         partial_out_ptr="*fp32", stride_po_t="i64", stride_po_h="i32", stride_po_s="i32",
         partial_lse_ptr="*fp32", stride_pl_t="i32", stride_pl_h="i32",
@@ -61,6 +61,7 @@ def _register_compile_variants():
         QO_DESC=False,  # descriptor q / out go with descriptor K/V (KV_LOAD 3: not triton-xpu 3.3)
         SCALE_IN_EXP=False,  # a CUDA choice (IGC spills with it)
         D_TAIL=0,  # head dims past 512 only
+        HAS_ALIBI=False,
     )
     # as XPU launches them (xpu_tiles): K/V tiles inside one page, or contiguous, through block
     # pointers (2D block reads), one stage, 256 GRF
@@ -153,6 +154,13 @@ def _register_compile_variants():
         {**common, "BLOCK_Q": 64, "HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "BLOCK_D": 256, "BLOCK_DV": 128,
          "PAGE_SIZE": 0, "SPLIT_KV": False, "WRITE_LSE": True, "HOIST_GATHER": True, "KV_LOAD": 2},
         dots=2, num_warps=16, op="paged_attention", block_2d=("Q", "K", "V"), **xpu,
+    )
+
+    register_xpu_compile(  # ALiBi (BLOOM, MPT, Baichuan): the per-row slope and distance bias on a prefill tile
+        _paged_attention_kernel, "prefill,bf16,D128,g4,P16,causal,alibi",
+        {**common, "Q_MAPPING": _SEARCH, "BLOCK_Q": 32, "BLOCK_N": 16, "PAGE_SIZE": 16, "SPLIT_KV": False,
+         "HOIST_GATHER": True, "KV_LOAD": 2, "alibi_ptr": "*fp32", "stride_alibi_b": "i32", "HAS_ALIBI": True},
+        dots=2, num_warps=16, op="paged_attention", block_2d=("K", "V"), **xpu,
     )
 
 

@@ -73,6 +73,7 @@ def flash_attn_varlen_func(
     return_softmax_lse: bool = False,
     *,
     out: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     validate: bool = False,
 ):
     """Attention of ragged queries over ragged, contiguous (non-paged) keys and values.
@@ -138,6 +139,11 @@ def flash_attn_varlen_func(
     out : torch.Tensor, optional
         ``[total_q, Hq, Dv]`` destination in q's dtype (last dim contiguous); keyword only (an
         extension: vLLM's varlen call passes one).
+    alibi_slopes : torch.Tensor, optional
+        ``[Hq]`` or ``[B, Hq]`` float32 ALiBi slopes, keyword only (FlashAttention's argument;
+        vLLM's varlen call passes it): the logit of query position ``i`` (bottom-right aligned)
+        and key ``j`` gets ``-slope * |i - j|`` after ``softmax_scale`` and the softcap, as
+        ``flash_attn_with_kvcache``.
     validate : bool
         Check with a host sync (not for graph capture) that the cumulative lengths are
         non-decreasing within ``q``/``k``, ``max_seqlen_q`` covers every request and
@@ -175,7 +181,7 @@ def flash_attn_varlen_func(
     max_k = check_int(max_seqlen_k, "max_seqlen_k", minimum=0, allow_none=True) or None
     device = check_same_device(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
-        sinks=sinks, out=out,
+        sinks=sinks, alibi_slopes=alibi_slopes, out=out,
     )
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if check_bool(validate, "validate"):
@@ -190,5 +196,5 @@ def flash_attn_varlen_func(
         max_q=max_q, softmax_scale=softmax_scale, sinks=sinks, causal=causal, window_size=window_size,
         softcap=softcap, k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
         return_softmax_lse=return_softmax_lse, out=out,
-        seqused_q=seqused_q.contiguous() if seqused_q is not None else None,
+        seqused_q=seqused_q.contiguous() if seqused_q is not None else None, alibi_slopes=alibi_slopes,
     )

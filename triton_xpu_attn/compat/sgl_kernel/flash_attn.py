@@ -8,7 +8,9 @@ Adaptations on top of :func:`triton_xpu_attn.flash_attn_with_kvcache` /
   ``(out, softmax_lse, out_accum, softmax_lse_accum)``; the split accumulators are internal to our
   kernels, so the last two are ``None`` (sglang unpacks ``o, lse, *rest = result``);
 - ``bidirectional_block_ids`` (Gemma-3 image blocks, sgl-kernel-xpu's prefill mask) is accepted
-  only as ``None``: anything else raises ``ValueError`` (not implemented, never dropped).
+  only as ``None``: anything else raises ``ValueError`` (not implemented, never dropped);
+- ``alibi_slopes`` (``[Hq]`` or ``[B, Hq]`` float32, FlashAttention's ALiBi) is an extension,
+  keyword only, after sgl-kernel-xpu's parameters.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
     out=None,
     bidirectional_block_ids=None,
+    *,
+    alibi_slopes=None,
 ):
     """sgl-kernel-xpu's ``flash_attn_with_kvcache``: see
     :func:`triton_xpu_attn.flash_attn_with_kvcache` for every argument (AppendKV ``k`` / ``v`` /
@@ -82,6 +86,7 @@ def flash_attn_with_kvcache(
         sinks=sinks, causal=causal, window_size=window_size, softcap=0.0 if softcap is None else softcap,
         rotary_interleaved=rotary_interleaved, scheduler_metadata=scheduler_metadata, num_splits=num_splits,
         pack_gqa=pack_gqa, sm_margin=sm_margin, return_softmax_lse=return_softmax_lse, out=out,
+        alibi_slopes=alibi_slopes,
     )
     return _sgl_result(result, return_softmax_lse)
 
@@ -109,6 +114,8 @@ def flash_attn_varlen_func(
     pack_gqa=None,
     sm_margin=0,
     return_softmax_lse=False,
+    *,
+    alibi_slopes=None,
 ):
     """sgl-kernel-xpu's ``flash_attn_varlen_func`` (ragged, non-paged q/k/v): see
     :func:`triton_xpu_attn.flash_attn_varlen_func` for every argument.
@@ -121,7 +128,7 @@ def flash_attn_varlen_func(
         seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, sinks=sinks, causal=causal,
         qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, window_size=window_size,
         softcap=0.0 if softcap is None else softcap, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin,
-        return_softmax_lse=return_softmax_lse,
+        return_softmax_lse=return_softmax_lse, alibi_slopes=alibi_slopes,
     )
     return _sgl_result(result, return_softmax_lse)
 

@@ -66,8 +66,9 @@ def flash_attn_varlen_func(
         ``[B + 1]`` cumulative key lengths (non-paged) or ``[B]`` key lengths (paged).
     host_kv_lens : sequence of int or torch.Tensor, optional
         Key lengths on the host; used as ``seqused_k`` when that is not given.
-    softmax_scale, causal, softcap : as in :func:`triton_xpu_attn.flash_attn_with_kvcache`
-        (``softcap`` None means 0).
+    softmax_scale, causal, softcap, alibi_slopes : as in :func:`triton_xpu_attn.flash_attn_with_kvcache`
+        (``softcap`` None means 0; ``alibi_slopes`` ``[Hq]`` or ``[B, Hq]`` float32; with the MLA
+        latent cache they keep the call on the paged kernel).
     window_size : (int, int) or None
         Inclusive ``(left, right)``; None means ``(-1, -1)``.
     block_table : torch.Tensor, optional
@@ -87,8 +88,8 @@ def flash_attn_varlen_func(
     is_mix_batch : bool
         Routing hint of vllm-xpu-kernels (prefill and decode rows in two launches); ours runs a
         mixed batch in one launch, so it changes nothing.
-    q_v, dropout_p, alibi_slopes, return_attn_probs, scheduler_metadata, q_descale, fa_version
-        Not supported: ``q_v``, ``alibi_slopes``, ``scheduler_metadata``, ``q_descale`` other than
+    q_v, dropout_p, return_attn_probs, scheduler_metadata, q_descale, fa_version
+        Not supported: ``q_v``, ``scheduler_metadata``, ``q_descale`` other than
         None, ``dropout_p`` other than 0, ``return_attn_probs=True`` or ``fa_version`` other than 2
         raise ``ValueError``.
 
@@ -100,7 +101,6 @@ def flash_attn_varlen_func(
     for name, value, ok in (
         ("q_v", q_v, q_v is None),
         ("dropout_p", dropout_p, not dropout_p),
-        ("alibi_slopes", alibi_slopes, alibi_slopes is None),
         ("return_attn_probs", return_attn_probs, not return_attn_probs),
         ("scheduler_metadata", scheduler_metadata, scheduler_metadata is None),
         ("q_descale", q_descale, q_descale is None),
@@ -121,7 +121,7 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
             softmax_scale=softmax_scale, sinks=s_aux, causal=causal, k_descale=k_descale, v_descale=v_descale,
             window_size=window_size, softcap=softcap, num_splits=splits, return_softmax_lse=return_softmax_lse,
-            out=out,
+            out=out, alibi_slopes=alibi_slopes,
         )
 
     if seqused_k is None:
@@ -132,6 +132,6 @@ def flash_attn_varlen_func(
         q, k, v, cache_seqlens=seqused_k, page_table=block_table, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, k_descale=k_descale, v_descale=v_descale,
         softmax_scale=softmax_scale, sinks=s_aux, causal=causal, window_size=window_size, softcap=softcap,
-        num_splits=splits, return_softmax_lse=return_softmax_lse, out=out,
+        num_splits=splits, return_softmax_lse=return_softmax_lse, out=out, alibi_slopes=alibi_slopes,
     )
 
