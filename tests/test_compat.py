@@ -129,7 +129,7 @@ SGL_KVCACHE_PARAMS = [
     "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new", "max_seqlen_q", "max_seqlen_k",
     "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale", "sinks", "causal", "window_size",
     "softcap", "rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin",
-    "return_softmax_lse", "out", "bidirectional_block_ids",
+    "return_softmax_lse", "out", "bidirectional_block_ids", "alibi_slopes",  # the last: keyword only, ours
 ]
 
 
@@ -268,7 +268,7 @@ def test_vllm_mla_latent_cache(q_lens):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("q_v", "tensor"), ("dropout_p", 0.1), ("alibi_slopes", "tensor"), ("return_attn_probs", True),
+    ("q_v", "tensor"), ("dropout_p", 0.1), ("return_attn_probs", True),
     ("scheduler_metadata", "tensor"), ("fa_version", 3),
 ])
 def test_vllm_unsupported_arguments_are_named(name, value):

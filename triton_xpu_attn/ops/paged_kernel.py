@@ -387,17 +387,16 @@ def _paged_attention_kernel(
         qk_scale *= tl.load(k_descale_ptr + b * stride_kd_b + kv_head * stride_kd_h).to(tl.float32)
     if not HAS_SOFTCAP:
         qk_scale *= LOG2E
-    # ALiBi: each row's slope (request b, its query head; stride_alibi_b = 0 for [Hq] slopes) in the
+    # ALiBi: pointers to each row's slope (request b, its query head; stride_alibi_b = 0 for [Hq]
+    # slopes; rows no query owns read head 0), read per key tile (_logits), and their factor to the
     # units of the tile scores: base 2, or unscaled with SCALE_IN_EXP (the softmax multiplies the
-    # biased score by qk_scale); the bias -slope * |pos - key| is added after the softcap
+    # biased score by qk_scale)
+    alibi = 0
+    alibi_scale = LOG2E
     if HAS_ALIBI:
-        alibi = tl.load(alibi_ptr + b * stride_alibi_b + tl.where(row_valid, q_head, 0)).to(tl.float32)
+        alibi = alibi_ptr + b * stride_alibi_b + tl.where(row_valid, q_head, 0)
         if SCALE_IN_EXP:
-            alibi = alibi * (LOG2E / qk_scale)
-        else:
-            alibi = alibi * LOG2E
-    else:
-        alibi = 0.0
+            alibi_scale = LOG2E / qk_scale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -431,7 +430,7 @@ def _paged_attention_kernel(
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER,
-                SCALE_IN_EXP=SCALE_IN_EXP, alibi=alibi, alibi_pos=pos, HAS_ALIBI=HAS_ALIBI)
+                SCALE_IN_EXP=SCALE_IN_EXP, alibi=alibi, alibi_pos=pos, alibi_scale=alibi_scale, HAS_ALIBI=HAS_ALIBI)
         k_col = kv_head * stride_k_head
         v_col = kv_head * stride_v_head
         if CONTIGUOUS_KV:
@@ -443,27 +442,27 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, desc_lo, whole_lo, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
                 kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
-                SCALE_IN_EXP, alibi, pos, HAS_ALIBI)
+                SCALE_IN_EXP, alibi, pos, alibi_scale, HAS_ALIBI)
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, whole_lo, whole_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
                 kv_start, k_desc, k_col, v_desc, v_col, 0, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
-                SCALE_IN_EXP, alibi, pos, HAS_ALIBI)
+                SCALE_IN_EXP, alibi, pos, alibi_scale, HAS_ALIBI)
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, whole_hi, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
                 kv_start, k_desc, k_col, v_desc, v_col, 1, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
-                SCALE_IN_EXP, alibi, pos, HAS_ALIBI)
+                SCALE_IN_EXP, alibi, pos, alibi_scale, HAS_ALIBI)
         else:
             acc, m_i, l_i = _descriptor_tiles(
                 q, acc, m_i, l_i, desc_lo, desc_hi, mid_lo, mid_hi, row_lo, row_hi, qk_scale, softcap, pt_row,
                 kv_start, k_desc, k_col, v_desc, v_col, 2, BLOCK_N, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION,
-                SCALE_IN_EXP, alibi, pos, HAS_ALIBI)
+                SCALE_IN_EXP, alibi, pos, alibi_scale, HAS_ALIBI)
         for n0 in range(desc_hi, end, BLOCK_N):
             acc, m_i, l_i = _tile(
                 q, acc, m_i, l_i, n0, kv_start, first_key, end, True, row_lo, row_hi, qk_scale, softcap,
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER,
-                SCALE_IN_EXP=SCALE_IN_EXP, alibi=alibi, alibi_pos=pos, HAS_ALIBI=HAS_ALIBI)
+                SCALE_IN_EXP=SCALE_IN_EXP, alibi=alibi, alibi_pos=pos, alibi_scale=alibi_scale, HAS_ALIBI=HAS_ALIBI)
     else:
         # per-key gathers (pages shorter than the tile): with PREFETCH_PAGES the page ids of a tile
         # are read one tile ahead, so its K/V gather never waits on the page-table read
@@ -484,7 +483,8 @@ def _paged_attention_kernel(
                 pt_row, pool_size, k_base, stride_k_page, stride_k_tok, v_base, stride_v_page, stride_v_tok, head_dim,
                 head_dim_v,
                 BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, HAS_SOFTCAP, DOT_PRECISION, HOIST_GATHER, KV_LOAD,
-                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC, SCALE_IN_EXP, q_tail, D_TAIL, alibi, pos, HAS_ALIBI)
+                D_CHUNK, QO_BLOCK, INTEL_GPU, page_ids, PREFETCH, Q_DESC, SCALE_IN_EXP, q_tail, D_TAIL, alibi, pos, alibi_scale,
+                HAS_ALIBI)
 
     has_key = l_i > 0.0
     v_scale = 1.0

@@ -23,15 +23,15 @@ from .._common import (
 @triton.jit
 def _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap,
                  HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr = False,
-                 alibi=0.0, alibi_pos=0, HAS_ALIBI: tl.constexpr = False):
+                 alibi=0, alibi_pos=0, alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False):
     """Base-2 logits of one key tile (``k`` is ``[D, BLOCK_N]``), soft-capped, ALiBi-biased
-    (``HAS_ALIBI``), then masked per element only when ``masked`` (tiles some row sees only in
+    (``HAS_ALIBI``, see ``_logits``), then masked per element only when ``masked`` (tiles some row sees only in
     part); with ``SCALE_IN_EXP`` the unscaled scores, biased and masked (the softmax applies
     ``qk_scale`` inside its exponent)."""
     s = _score_dot(q, k, DOT_PRECISION)
     if not SCALE_IN_EXP:
         s = s * qk_scale
-    return _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, HAS_ALIBI)
+    return _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
 
 
 @triton.jit
@@ -42,17 +42,20 @@ def _score_dot(q, k, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP: tl.constexpr, alibi=0.0, alibi_pos=0,
-            HAS_ALIBI: tl.constexpr = False):
+def _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP: tl.constexpr, alibi=0, alibi_pos=0,
+            alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False):
     """Scaled scores ``s`` to base-2 logits: soft-capped, ALiBi-biased (``HAS_ALIBI``: minus
-    ``alibi`` (per row, in the units of ``s``) times ``|alibi_pos - key|``, the row's absolute
-    position against the key's), then masked per element only when ``masked``."""
+    ``slope * |alibi_pos - key|``, each row's slope read through the pointers ``alibi`` and scaled
+    by ``alibi_scale`` to the units of ``s``, ``alibi_pos`` each row's absolute position), then
+    masked per element only when ``masked``. The slopes are loaded here, per tile: loaded once
+    before the key loop (or under a mask), IGC spilled 2-4 KB a thread on the XPU decode and
+    prefill tiles."""
     LOG2E: tl.constexpr = 1.4426950408889634
     if HAS_SOFTCAP:
         # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1); then to base 2
         s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0)) * LOG2E
     if HAS_ALIBI:
-        s = s - alibi[:, None] * tl.abs((alibi_pos[:, None] - key[None, :]).to(tl.float32))
+        s = s - (tl.load(alibi) * alibi_scale)[:, None] * tl.abs((alibi_pos[:, None] - key[None, :]).to(tl.float32))
     if masked:
         visible = key_valid[None, :] & (key[None, :] >= row_lo[:, None]) & (key[None, :] <= row_hi[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -156,7 +159,7 @@ def _tile(
     KV_LOAD: tl.constexpr = 0, SCORE_CHUNK: tl.constexpr = 0, QO_BLOCK: tl.constexpr = False,
     INTEL_GPU: tl.constexpr = False, page_ids=0, PAGE_IDS_GIVEN: tl.constexpr = False, QO_DESC: tl.constexpr = False,
     SCALE_IN_EXP: tl.constexpr = False, q_tail=0, D_TAIL: tl.constexpr = 0,
-    alibi=0.0, alibi_pos=0, HAS_ALIBI: tl.constexpr = False,
+    alibi=0, alibi_pos=0, alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False,
 ):
     """One key tile through masked loads: pointer loads (any page size: pages shorter than the
     tile are gathered row by row; ``PAGE_SIZE = 0``: contiguous rows from ``kv_start`` on) or, with
@@ -247,7 +250,7 @@ def _tile(
             s = part if c == 0 else s + part
         if not SCALE_IN_EXP:
             s = s * qk_scale
-        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, HAS_ALIBI)
+        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
         operand_dtype = q_chunk.dtype
     elif D_TAIL > 0:
         # the channels past BLOCK_D: their K^T beside the main tile's, accumulated into its scores
@@ -260,11 +263,12 @@ def _tile(
         s = _score_dot(q, k, DOT_PRECISION) + _score_dot(q_tail, k_tail, DOT_PRECISION)
         if not SCALE_IN_EXP:
             s = s * qk_scale
-        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, HAS_ALIBI)
+        s = _logits(s, key, key_valid, row_lo, row_hi, masked, softcap, HAS_SOFTCAP, alibi, alibi_pos, alibi_scale,
+                    HAS_ALIBI)
         operand_dtype = q.dtype
     else:
         s = _tile_scores(q, k, key, key_valid, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION,
-                         SCALE_IN_EXP, alibi, alibi_pos, HAS_ALIBI)
+                         SCALE_IN_EXP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
         operand_dtype = q.dtype
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, SCALE_IN_EXP)
     if KV_LOAD == 3:
@@ -286,7 +290,7 @@ def _descriptor_tile(
     q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
     k_desc, k_col, v_desc, v_col,
     BLOCK_N: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr,
-    alibi=0.0, alibi_pos=0, HAS_ALIBI: tl.constexpr = False,
+    alibi=0, alibi_pos=0, alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False,
 ):
     """One key tile of whole valid rows of one page (cache row ``row`` on; ``PAGE_SIZE >= BLOCK_N``)
     through tensor descriptors over the caches seen as ``[pages * PAGE_SIZE, row]`` (TMA on Hopper, 2D block IO
@@ -295,7 +299,7 @@ def _descriptor_tile(
     key = n0 + tl.arange(0, BLOCK_N)
     k = tl.trans(k_desc.load([row, k_col]))
     s = _tile_scores(q, k, key, key >= 0, row_lo, row_hi, masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION,
-                     SCALE_IN_EXP, alibi, alibi_pos, HAS_ALIBI)
+                     SCALE_IN_EXP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
     p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, SCALE_IN_EXP)
     v = v_desc.load([row, v_col])
     return _accumulate(acc, alpha, p, v.to(q.dtype), DOT_PRECISION), m_i, l_i
@@ -306,7 +310,7 @@ def _two_pages_tile(
     q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
     k_desc, k_col, v_desc, v_col,
     PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr,
-    alibi=0.0, alibi_pos=0, HAS_ALIBI: tl.constexpr = False,
+    alibi=0, alibi_pos=0, alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False,
 ):
     """One key tile of two whole pages (``BLOCK_N = 2 * PAGE_SIZE``; cache rows ``row0``, ``row1``)
     through one tensor-descriptor load per page: a score dot per page, one softmax update for
@@ -314,9 +318,9 @@ def _two_pages_tile(
     key some row may see (as ``_descriptor_tile``)."""
     offs = tl.arange(0, PAGE_SIZE)
     s0 = _tile_scores(q, tl.trans(k_desc.load([row0, k_col])), n0 + offs, offs >= 0, row_lo, row_hi, masked,
-                      qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos, HAS_ALIBI)
+                      qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
     s1 = _tile_scores(q, tl.trans(k_desc.load([row1, k_col])), n0 + PAGE_SIZE + offs, offs >= 0, row_lo, row_hi,
-                      masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos, HAS_ALIBI)
+                      masked, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos, alibi_scale, HAS_ALIBI)
     tile_max = tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1))
     if SCALE_IN_EXP:
         tile_max = tile_max * qk_scale
@@ -335,7 +339,7 @@ def _descriptor_tiles(
     q, acc, m_i, l_i, lo, hi, mask_lo, mask_hi, row_lo, row_hi, qk_scale, softcap, pt_row, kv_start,
     k_desc, k_col, v_desc, v_col,
     MASK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr, alibi=0.0, alibi_pos=0, HAS_ALIBI: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, SCALE_IN_EXP: tl.constexpr, alibi=0, alibi_pos=0, alibi_scale=0.0, HAS_ALIBI: tl.constexpr = False,
 ):
     """The key tiles ``[lo, hi)`` (whole tiles, every key some row may see) through tensor
     descriptors: one load per tile (contiguous K/V, pages of whole tiles) or per page (two pages a
@@ -354,7 +358,7 @@ def _descriptor_tiles(
             acc, m_i, l_i = _descriptor_tile(
                 q, acc, m_i, l_i, n0, row, masked, row_lo, row_hi, qk_scale, softcap,
                 k_desc, k_col, v_desc, v_col, BLOCK_N, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos,
-                HAS_ALIBI)
+                alibi_scale, HAS_ALIBI)
     else:
         HALF: tl.constexpr = BLOCK_N // 2
         next_row0 = tile_row(pt_row, kv_start, lo, hi, PAGE_SIZE)
@@ -370,5 +374,5 @@ def _descriptor_tiles(
             acc, m_i, l_i = _two_pages_tile(
                 q, acc, m_i, l_i, n0, row0, row1, masked, row_lo, row_hi, qk_scale, softcap,
                 k_desc, k_col, v_desc, v_col, HALF, HAS_SOFTCAP, DOT_PRECISION, SCALE_IN_EXP, alibi, alibi_pos,
-                HAS_ALIBI)
+                alibi_scale, HAS_ALIBI)
     return acc, m_i, l_i
