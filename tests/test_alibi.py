@@ -98,12 +98,17 @@ def run_paged(pb, alibi=True):
     return got, lse, out_ref, lse_ref
 
 
+def check(result, dtype):
+    """``(out, lse, out_ref, lse_ref)``: every element written, both close to the reference."""
+    got, lse, out_ref, lse_ref = result
+    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
+    assert_close(got, out_ref, dtype)
+    check_lse(lse, lse_ref, dtype)
+
+
 @given(pb=paged_problems())
 def test_paged_matches_reference(pb):
-    got, lse, out_ref, lse_ref = run_paged(pb)
-    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN output"
-    assert_close(got, out_ref, pb["dtype"])
-    check_lse(lse, lse_ref, pb["dtype"])
+    check(run_paged(pb), pb["dtype"])
 
 
 def _paged(**overrides):
@@ -120,9 +125,8 @@ def test_splits_merge_the_biased_partials(options):
     split's LSE carries the bias, the merge gives the reference (and the one-split result)."""
     pb = _paged(**options)
     pb["kv_lens"] = [max(n, q) for n, q in zip(pb["kv_lens"], pb["q_lens"])]
-    got, lse, out_ref, lse_ref = run_paged(pb)
-    assert_close(got, out_ref, torch.float32)
-    check_lse(lse, lse_ref, torch.float32)
+    got, lse, out_ref, lse_ref = result = run_paged(pb)
+    check(result, torch.float32)
     one, one_lse, _, _ = run_paged({**pb, "num_splits": 1})
     assert_close(got, one.double(), torch.float32, what="split vs one split")
     check_lse(lse, one_lse.double().cpu(), torch.float32)
@@ -188,9 +192,8 @@ def test_varlen_matches_reference(pb):
         seqused_q=to(used_q), seqused_k=to(used_k), num_splits=pb["num_splits"], return_softmax_lse=True, out=out,
         alibi_slopes=to(slopes), **options,
     )
-    assert got is out and not torch.isnan(got).any()
-    assert_close(got, out_ref, dtype)
-    check_lse(lse, lse_ref, dtype)
+    assert got is out
+    check((got, lse, out_ref, lse_ref), dtype)
 
 
 def _small_paged_call():

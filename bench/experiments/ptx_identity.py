@@ -1,6 +1,7 @@
 """Is a kernel change invisible to the code a launch compiles? Compiles every registered variant
-of ``_paged_attention_kernel`` (``_common.COMPILE_VARIANTS``, plus prefill-shaped tiles and the
-tensor-descriptor paths) from an old copy of ``ops/paged_attention.py`` and from today's module
+of ``_paged_attention_kernel`` (``_common.COMPILE_VARIANTS``, plus prefill-shaped tiles, the
+tensor-descriptor paths and, where no softcap or K descale is set, the softmax scale inside the
+exponent as CUDA launches them) from an old copy of ``ops/paged_attention.py`` and from today's module
 for an NVIDIA target (sm_90, no GPU needed: Triton's own compiler), and compares the PTX with
 debug information stripped. ``identical`` means the change cannot move a timing of that variant,
 so no GPU A/B is needed for it.
