@@ -288,17 +288,26 @@ def test_vllm_call_passes_the_slopes_paged_and_contiguous():
     assert_close(out, out_ref, torch.float32)
 
 
-def test_vllm_latent_cache_rejects_slopes():
+def test_vllm_latent_cache_with_slopes_stays_on_the_paged_kernel():
+    """vLLM's MLA layout (V a view of K's first 512 channels) with slopes: the MLA kernels have no
+    ALiBi, so the call stays on the paged kernel and equals the same call over a copy of V."""
     from triton_xpu_attn.compat.vllm_xpu_kernels.flash_attn_interface import flash_attn_varlen_func as vllm
 
-    cache = torch.randn(4, 4, 1, 576, device=DEVICE)
-    q = torch.randn(2, 4, 576, device=DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(4, 4, 1, 576, generator=gen).to(DEVICE)
+    q = torch.randn(2, 4, 576, generator=gen).to(DEVICE)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
     lens = torch.tensor([5, 7], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="alibi_slopes"):
-        vllm(q, cache, cache[..., :512], 1, cu, 7, seqused_k=lens, block_table=table,
-             alibi_slopes=torch.ones(4, device=DEVICE))
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    out = vllm(q, cache, cache[..., :512], 1, cu, 7, seqused_k=lens, block_table=table, causal=True,
+               alibi_slopes=slopes)
+    expected = flash_attn_with_kvcache(q, cache, cache[..., :512].clone(), cache_seqlens=lens, page_table=table,
+                                          cu_seqlens_q=cu, max_seqlen_q=1, causal=True, alibi_slopes=slopes)
+    plain = flash_attn_with_kvcache(q, cache, cache[..., :512].clone(), cache_seqlens=lens, page_table=table,
+                                       cu_seqlens_q=cu, max_seqlen_q=1, causal=True)
+    assert_close(out, expected, torch.float32)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the slopes changed the result
 
 
 def test_custom_ops_pass_the_slopes():
@@ -328,8 +337,8 @@ def test_gpu_bf16_prefill_sizes(paged):
     contiguous; the tuned tiles and splits of the device."""
     gen = torch.Generator().manual_seed(7)
     heads, d = 16, 128
-    q_lens, kv_lens = [300, 1], [1000, 517]
-    cu = torch.tensor([0, 300, 301], dtype=torch.int32)
+    kv_lens = [1000, 517]
+    cu = torch.tensor([0, 300, 301], dtype=torch.int32)  # 300 and 1 queries
     q = torch.randn(301, heads, d, generator=gen).to(torch.bfloat16)
     slopes = make_slopes("heads", 2, heads, gen)
     pages = [-(-n // 16) for n in kv_lens]

@@ -9,13 +9,12 @@ float64 reference over each request's logical token sequence (NaN in every cache
 owns, outputs NaN-filled first). A spy records which of our ops ran.
 
 Driven: FlashAttention decode, chunked prefill (prefix + new tokens), a mixed batch, sliding window,
-sinks (``s_aux``), softcap, fp8 KV (e4m3, uint8 cache) with k/v scales, both physical cache layouts,
+sinks (``s_aux``), softcap, ALiBi slopes, fp8 KV (e4m3, uint8 cache) with k/v scales, both physical cache layouts,
 encoder self-attention without paging (with and without a window); XPUFlashAttnMLA decode, prefill
 with and without context (a context split into two chunks, one continuation, one request without
 context) and a mixed decode + prefill batch.
 
-Not driven, and why: ALiBi (our ``flash_attn_varlen_func`` raises ``ValueError`` for
-``alibi_slopes``: the test xfails on that error until the op takes slopes); the sparse MLA backend
+Not driven, and why: the sparse MLA backend
 (``XPU_MLA_SPARSE``: its attention is vLLM's own Triton kernel, vllm/v1/attention/ops/xpu_mla_sparse.py,
 and its indexer needs DeepSeek-V3.2's ``Indexer`` layer: skipped with that reason); fp8 MLA caches
 (vLLM's ``XPUFlashAttnMLAImpl`` raises ``NotImplementedError`` for them); DCP (the XPU MLA
@@ -284,19 +283,13 @@ def test_flash_attention_encoder_without_paging(vl, ops_run, sliding_window):
 
 
 def test_flash_attention_alibi(vl):
-    """ALiBi slopes reach ``flash_attn_varlen_func`` as ``alibi_slopes``; xfails while our op
-    rejects them (ValueError naming the argument), else must match the reference with a linear
-    bias ``-slope * (query position - key position)``."""
+    """ALiBi slopes reach ``flash_attn_varlen_func`` as ``alibi_slopes`` and the output matches
+    the reference with a linear bias ``-slope * (query position - key position)``."""
     sc = FlashScenario(vl, prefix=[6, 70], new=[1, 3])
     slopes = [2.0 ** (-(h + 1)) for h in range(sc.hq)]
     with vl.config.set_current_vllm_config(sc.config):
         sc.impl = vl.flash_attn.FlashAttentionImpl(sc.hq, sc.d, sc.scale, sc.hk, slopes, None, "auto")
-    try:
-        out = sc.forward()
-    except ValueError as error:
-        if "alibi_slopes" not in str(error):
-            raise
-        pytest.xfail("triton_xpu_attn's flash_attn_varlen_func does not take alibi_slopes yet (ValueError)")
+    out = sc.forward()
     group = sc.hq // sc.hk
     slopes_t = torch.tensor(slopes, dtype=torch.float64)
     at = 0
