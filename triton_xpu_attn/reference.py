@@ -1061,3 +1061,141 @@ def cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_
             else:
                 k_out[t], s_out[t] = 0, 0
     return k_out, s_out
+def convert_vertical_slash_indexes(q_seqlens, kv_seqlens, vertical_indexes, slash_indexes, context_size: int,
+                                   block_size_M: int, block_size_N: int, causal: bool = True,
+                                   vertical_indices_count=None, slash_indices_count=None):
+    """sgl-kernel's vertical/slash -> block/column conversion, one row block at a time in plain
+    Python: ``(block_count, block_offset, column_count, column_index)`` as
+    :func:`triton_xpu_attn.convert_vertical_slash_indexes` documents (lists read in order, a
+    row's blocks capped at ``NNZ_S``, per-head counts clamped to ``[0, NNZ]``)."""
+    batch, heads, nnz_s = slash_indexes.shape
+    nnz_v = vertical_indexes.shape[2]
+    M, N = block_size_M, block_size_N
+    rows = -(-context_size // M)
+    shape = (batch, heads, rows)
+    block_count = torch.zeros(shape, dtype=torch.int64)
+    column_count = torch.zeros(shape, dtype=torch.int64)
+    block_offset = torch.zeros(shape + (nnz_s,), dtype=torch.int64)
+    column_index = torch.zeros(shape + (nnz_v,), dtype=torch.int64)
+    for b in range(batch):
+        q_len, kv_len = int(q_seqlens[b]), int(kv_seqlens[b])
+        delta = kv_len - q_len
+        for h in range(heads):
+            nv = nnz_v if vertical_indices_count is None else min(max(int(vertical_indices_count[h]), 0), nnz_v)
+            ns = nnz_s if slash_indices_count is None else min(max(int(slash_indices_count[h]), 0), nnz_s)
+            verticals = [int(x) for x in vertical_indexes[b, h, :nv]]
+            slashes = [int(x) for x in slash_indexes[b, h, :ns]]
+            for r in range(rows):
+                end = (r + 1) * M
+                limit = end + delta
+                blocks, columns = [], []
+
+                def save(lo, hi):
+                    x = lo
+                    while x < min(hi, kv_len) and len(blocks) < nnz_s:
+                        blocks.append(x)
+                        x += N
+
+                if causal:
+                    kept = [s for s in slashes if s < limit]
+                    ends = [max(delta + end - s, M) for s in kept]
+                else:
+                    ends = [kv_len + end - s for s in slashes]
+                vi = 0
+                if ends:
+                    start, stop = ends[0] - M, ends[0]
+                    for c in ends[1:]:
+                        while vi < nv and verticals[vi] < stop:  # verticals reached before this slash
+                            x = verticals[vi]
+                            if x < start and not (causal and x >= limit):
+                                columns.append(x)
+                            vi += 1
+                        if c > stop + M:
+                            save(start, stop)
+                            start, stop = c - M, c
+                        elif c > stop:
+                            stop += M
+                    while vi < nv and verticals[vi] < stop:
+                        x = verticals[vi]
+                        if x < start and not (causal and x >= limit):
+                            columns.append(x)
+                        vi += 1
+                    save(start, stop)
+                    for x in verticals[vi:]:
+                        if causal and x >= limit - 1:
+                            break
+                        if x >= stop:
+                            columns.append(x)
+                else:
+                    for x in verticals:
+                        if causal and x >= limit - 1:
+                            break
+                        if 0 <= x < kv_len:
+                            columns.append(x)
+                block_count[b, h, r] = len(blocks)
+                column_count[b, h, r] = len(columns)
+                block_offset[b, h, r, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+                column_index[b, h, r, : len(columns)] = torch.tensor(columns, dtype=torch.int64)
+    return block_count, block_offset, column_count, column_index
+
+
+def vertical_slash_mask(block_count, block_offset, column_count, column_index, b: int, q_len: int, kv_len: int,
+                        block_size_M: int, block_size_N: int, causal: bool) -> torch.Tensor:
+    """``[H, q_len, kv_len]`` bool: the keys each query of request ``b`` sees under a
+    block/column table (the union of its row block's blocks and columns, counts clamped to
+    ``[0, NNZ]``, keys outside ``[0, kv_len)`` dropped; bottom-right causal)."""
+    heads, rows, nnz_s = block_offset.shape[1:]
+    nnz_v = column_index.shape[3]
+    mask = torch.zeros(heads, q_len, kv_len, dtype=torch.bool)
+    for h in range(heads):
+        for r in range(min(rows, -(-q_len // block_size_M))):
+            keys = torch.zeros(kv_len, dtype=torch.bool)
+            for j in range(min(max(int(block_count[b, h, r]), 0), nnz_s)):
+                lo = int(block_offset[b, h, r, j])
+                keys[max(lo, 0): max(min(lo + block_size_N, kv_len), 0)] = True
+            for j in range(min(max(int(column_count[b, h, r]), 0), nnz_v)):
+                x = int(column_index[b, h, r, j])
+                if 0 <= x < kv_len:
+                    keys[x] = True
+            mask[h, r * block_size_M: (r + 1) * block_size_M] = keys
+    if causal:
+        mask &= visible_keys(q_len, kv_len, True, (-1, -1))[None]
+    return mask
+
+
+def sparse_attention(q, k, v, block_count, block_offset, column_count, column_index, softmax_scale: float,
+                     causal: bool = False, softcap: float = 0.0, block_size_M: int = 64, block_size_N: int = 64,
+                     cu_seqlens_q=None, cu_seqlens_k=None, dtype: torch.dtype = torch.float64):
+    """Vertical/slash sparse attention as a dense masked softmax (:func:`vertical_slash_mask`).
+    ``q [B, Sq, H, D]`` (or ``[total_q, H, D]`` with ``cu_seqlens_q``/``cu_seqlens_k``); returns
+    ``(out, lse)``, ``lse [B, H, Sq]`` (or ``[H, total_q]``); rows that see no key: 0, -inf."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        cu_q, cu_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+        spans = [(cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]) for i in range(len(cu_q) - 1)]
+    else:
+        spans = [(0, q.shape[1], 0, k.shape[1])] * q.shape[0]
+    heads, d = q.shape[-2], v.shape[-1]
+    out = torch.zeros(q.shape[:-1] + (d,), dtype=dtype)
+    lse = torch.full((heads, q.shape[0]) if varlen else (q.shape[0], heads, q.shape[1]), -math.inf, dtype=dtype)
+    for b, (q0, q1, k0, k1) in enumerate(spans):
+        qb = (q if varlen else q[b])[q0:q1].to(dtype)
+        kb = (k if varlen else k[b])[k0:k1].to(dtype)
+        vb = (v if varlen else v[b])[k0:k1].to(dtype)
+        group = heads // kb.shape[1]
+        kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
+        mask = vertical_slash_mask(block_count, block_offset, column_count, column_index, b, q1 - q0, k1 - k0,
+                                   block_size_M, block_size_N, causal)
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * softmax_scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~mask, -math.inf)
+        row_lse = torch.logsumexp(s, -1)
+        p = torch.where(mask, torch.exp(s - torch.where(mask.any(-1), row_lse, 0.0)[..., None]), 0.0)
+        vb = torch.where(mask.any(1).T[:, :, None], vb, 0.0)  # keys no query sees may hold NaN
+        o = torch.einsum("hqk,khd->qhd", p, vb)
+        if varlen:
+            out[q0:q1], lse[:, q0:q1] = o, row_lse
+        else:
+            out[b], lse[b] = o, row_lse
+    return out, lse
