@@ -31,6 +31,12 @@ from .ops.topk import (
     topk_transform_512_v2,
 )
 from .ops.varlen_attention import flash_attn_varlen_func
+from .ops.vertical_slash import (
+    convert_vertical_slash_indexes,
+    convert_vertical_slash_indexes_mergehead,
+    sparse_attn_func,
+    sparse_attn_varlen_func,
+)
 from . import custom_ops  # noqa: E402,F401  (registers torch.library ops: torch.ops.triton_xpu_attn.*; a few ms at import)
 
 __version__ = "0.1.0"
@@ -38,6 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "concat_and_cache_mla",
     "cp_gather_indexer_k_quant_cache",
+    "convert_vertical_slash_indexes",
+    "convert_vertical_slash_indexes_mergehead",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -66,6 +74,8 @@ __all__ = [
     "prepare_swa_spec_page_table",
     "reshape_and_cache",
     "reshape_and_cache_flash",
+    "sparse_attn_func",
+    "sparse_attn_varlen_func",
     "topk_transform_512",
     "topk_transform_512_v2",
     "translate_loc_from_full_to_swa",

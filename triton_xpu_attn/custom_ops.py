@@ -63,6 +63,12 @@ custom op                              wraps / differences from the public funct
 ``gather_cache``                       unchanged (mutates ``dst``)
 ``indexer_k_quant_and_cache``          unchanged (mutates ``kv_cache``)
 ``cp_gather_indexer_k_quant_cache``    unchanged (mutates ``dst_k``, ``dst_scale``)
+``convert_vertical_slash_indexes``     unchanged (and ``_mergehead``)
+``sparse_attn_func``                   no ``dropout_p``/``alibi_slopes``/``deterministic``/
+                                       ``return_attn_probs``/``out``; always returns ``(out,
+                                       lse)``, ``lse`` of shape ``[0]`` unless
+                                       ``return_softmax_lse``
+``sparse_attn_varlen_func``            the same differences
 =====================================  ===========================================================
 
 ``validate=True`` (local attention, SWA table) reads values on the host, so it stays with the
@@ -95,12 +101,15 @@ from .ops import paged_attention as _paged
 from .ops import swa_spec as _swa
 from .ops import topk as _topk
 from .ops import varlen_attention as _varlen
+from .ops import vertical_slash as _vs
 
 NAMESPACE = "triton_xpu_attn"
 
 __all__ = [
     "concat_and_cache_mla",
     "cp_gather_indexer_k_quant_cache",
+    "convert_vertical_slash_indexes",
+    "convert_vertical_slash_indexes_mergehead",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -129,6 +138,8 @@ __all__ = [
     "prepare_swa_spec_page_table",
     "reshape_and_cache",
     "reshape_and_cache_flash",
+    "sparse_attn_func",
+    "sparse_attn_varlen_func",
     "topk_transform_512",
     "topk_transform_512_v2",
     "translate_loc_from_full_to_swa",
@@ -850,6 +861,94 @@ def cp_gather_indexer_k_quant_cache(kv_cache: Tensor, dst_k: Tensor, dst_scale: 
 @cp_gather_indexer_k_quant_cache.register_fake
 def _(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
     return None
+
+
+# ------------------------------------------------------------------------------------------
+# vertical/slash sparse attention
+# ------------------------------------------------------------------------------------------
+
+
+def _vs_tables_fake(q_seqlens, vertical_indexes, slash_indexes, context_size, block_size_M):
+    batch, heads, nnz_s = slash_indexes.shape
+    rows = -(-context_size // block_size_M)
+    new = q_seqlens.new_empty
+    return (new((batch, heads, rows)), new((batch, heads, rows, nnz_s)), new((batch, heads, rows)),
+            new((batch, heads, rows, vertical_indexes.shape[2])))
+
+
+@_op("convert_vertical_slash_indexes")
+def convert_vertical_slash_indexes(q_seqlens: Tensor, kv_seqlens: Tensor, vertical_indexes: Tensor,
+                                   slash_indexes: Tensor, context_size: int, block_size_M: int, block_size_N: int,
+                                   causal: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`triton_xpu_attn.convert_vertical_slash_indexes` as a custom op."""
+    return _vs.convert_vertical_slash_indexes(q_seqlens, kv_seqlens, vertical_indexes, slash_indexes, context_size,
+                                              block_size_M, block_size_N, causal)
+
+
+@convert_vertical_slash_indexes.register_fake
+def _(q_seqlens, kv_seqlens, vertical_indexes, slash_indexes, context_size, block_size_M, block_size_N, causal=True):
+    return _vs_tables_fake(q_seqlens, vertical_indexes, slash_indexes, context_size, block_size_M)
+
+
+@_op("convert_vertical_slash_indexes_mergehead")
+def convert_vertical_slash_indexes_mergehead(q_seqlens: Tensor, kv_seqlens: Tensor, vertical_indexes: Tensor,
+                                             slash_indexes: Tensor, vertical_indices_count: Tensor,
+                                             slash_indices_count: Tensor, context_size: int, block_size_M: int,
+                                             block_size_N: int, causal: bool = True
+                                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`triton_xpu_attn.convert_vertical_slash_indexes_mergehead` as a custom op."""
+    return _vs.convert_vertical_slash_indexes_mergehead(q_seqlens, kv_seqlens, vertical_indexes, slash_indexes,
+                                                        vertical_indices_count, slash_indices_count, context_size,
+                                                        block_size_M, block_size_N, causal)
+
+
+@convert_vertical_slash_indexes_mergehead.register_fake
+def _(q_seqlens, kv_seqlens, vertical_indexes, slash_indexes, vertical_indices_count, slash_indices_count,
+      context_size, block_size_M, block_size_N, causal=True):
+    return _vs_tables_fake(q_seqlens, vertical_indexes, slash_indexes, context_size, block_size_M)
+
+
+@_op("sparse_attn_func")
+def sparse_attn_func(q: Tensor, k: Tensor, v: Tensor, block_count: Tensor, block_offset: Tensor,
+                     column_count: Tensor, column_index: Tensor, softmax_scale: Optional[float] = None,
+                     causal: bool = False, softcap: float = 0.0, return_softmax_lse: bool = False,
+                     block_size_M: int = 64, block_size_N: int = 64) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.sparse_attn_func` as a custom op: ``(out, lse)``."""
+    res = _vs.sparse_attn_func(q, k, v, block_count, block_offset, column_count, column_index,
+                               softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+                               return_softmax_lse=return_softmax_lse, block_size_M=block_size_M,
+                               block_size_N=block_size_N)
+    return res if return_softmax_lse else (res, _no_lse(q))
+
+
+@sparse_attn_func.register_fake
+def _(q, k, v, block_count, block_offset, column_count, column_index, softmax_scale=None, causal=False, softcap=0.0,
+      return_softmax_lse=False, block_size_M=64, block_size_N=64):
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) if return_softmax_lse \
+        else _no_lse(q)
+    return torch.empty_like(q), lse
+
+
+@_op("sparse_attn_varlen_func")
+def sparse_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, block_count: Tensor, block_offset: Tensor,
+                            column_count: Tensor, column_index: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float] = None,
+                            causal: bool = False, softcap: float = 0.0, return_softmax_lse: bool = False,
+                            block_size_M: int = 64, block_size_N: int = 64) -> tuple[Tensor, Tensor]:
+    """:func:`triton_xpu_attn.sparse_attn_varlen_func` as a custom op: ``(out, lse)``."""
+    res = _vs.sparse_attn_varlen_func(q, k, v, block_count, block_offset, column_count, column_index, cu_seqlens_q,
+                                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                                      causal=causal, softcap=softcap, return_softmax_lse=return_softmax_lse,
+                                      block_size_M=block_size_M, block_size_N=block_size_N)
+    return res if return_softmax_lse else (res, _no_lse(q))
+
+
+@sparse_attn_varlen_func.register_fake
+def _(q, k, v, block_count, block_offset, column_count, column_index, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+      max_seqlen_k, softmax_scale=None, causal=False, softcap=0.0, return_softmax_lse=False, block_size_M=64,
+      block_size_N=64):
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_softmax_lse else _no_lse(q)
+    return torch.empty_like(q), lse
 
 
 #: name -> custom op (``torch._library.custom_ops.CustomOpDef``), one per registered op

@@ -44,6 +44,8 @@ OVERLAY_NAMES = {
     "sgl_kernel.attention": ("flash_mla_sparse_fwd", "flash_mla_with_kvcache"),
     "sgl_kernel.nsa": ("fp8_mqa_logits", "fp8_paged_mqa_logits"),
     "sgl_kernel.top_k": _TOPK,
+    "sgl_kernel.sparse_flash_attn": ("convert_vertical_slash_indexes", "convert_vertical_slash_indexes_mergehead",
+                                     "sparse_attn_func", "sparse_attn_varlen_func"),
     "vllm_xpu_kernels.flash_attn_interface": ("flash_attn_varlen_func",),
 }
 

@@ -524,7 +524,7 @@ def _attention(q, k, v, tables, *, varlen, cu_seqlens_q, cu_seqlens_k, grid_q, s
         return
     q_k, k_k, v_k, out_k = interpreter_float32(q, k, v, out)
     if varlen:
-        qs, ks, vs, os_ = ((0, *t.stride()) for t in (q_k, k_k, v_k, out_k))
+        qs, ks, vs, os_ = ((0, t.stride(0), t.stride(1)) for t in (q_k, k_k, v_k, out_k))
         seqlen_q, seqlen_k, total_q, total_k = 0, 0, q.shape[0], k.shape[0]
         ls = (0, lse.stride(0), lse.stride(1))
         cu_q, cu_k = cu_seqlens_q, cu_seqlens_k

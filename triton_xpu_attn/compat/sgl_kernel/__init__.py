@@ -20,7 +20,10 @@ decode over paged caches: the DeepSeek-V4 backend imports it from the root on XP
 (``flash_attn_varlen_func``, ``flash_attn_with_kvcache``), and DeepSeek sparse attention's indexer
 top-k (``fast_topk_v2``, ``fast_topk_transform_fused``, ``fast_topk_transform_ragged_fused``,
 ``topk_transform_512``, ``topk_transform_512_v2``: sglang's DSA backend imports them from the root;
-sgl-kernel-xpu defines them in the submodule ``sgl_kernel.top_k``, provided too).
+sgl-kernel-xpu defines them in the submodule ``sgl_kernel.top_k``, provided too), and vertical/slash
+sparse attention (submodule ``sgl_kernel.sparse_flash_attn``: ``sparse_attn_func``,
+``sparse_attn_varlen_func``, ``convert_vertical_slash_indexes``, ``_mergehead``; re-exported from the
+root as sgl-kernel-xpu does; sglang's dual-chunk backend imports the submodule).
 """
 from __future__ import annotations
 
@@ -45,6 +48,13 @@ from . import nsa  # noqa: F401  (sgl_kernel.nsa is a submodule, as in sgl-kerne
 from .fp8_paged_mqa_logits import fp8_paged_mqa_logits_triton
 from .nsa import fp8_mqa_logits, fp8_paged_mqa_logits
 from . import flash_mla  # noqa: F401  (sgl_kernel.flash_mla: CUDA sgl-kernel's module of the same functions)
+from . import sparse_flash_attn  # noqa: F401  (sgl_kernel.sparse_flash_attn, as in sgl-kernel-xpu)
+from .sparse_flash_attn import (  # the root re-exports them, as sgl-kernel-xpu's does
+    convert_vertical_slash_indexes,
+    convert_vertical_slash_indexes_mergehead,
+    sparse_attn_func,
+    sparse_attn_varlen_func,
+)
 from . import top_k  # noqa: F401  (sgl_kernel.top_k is a submodule, as in sgl-kernel-xpu)
 from .top_k import (  # the root re-exports them, as sgl-kernel-xpu's does
     fast_topk_transform_fused,
@@ -106,6 +116,8 @@ globals().update({name: unprovided("sgl_kernel", name, what) for name, what in _
 
 __all__ = [
     "attention",
+    "convert_vertical_slash_indexes",
+    "convert_vertical_slash_indexes_mergehead",
     "fast_topk_transform_fused",
     "fast_topk_transform_ragged_fused",
     "fast_topk_v2",
@@ -124,6 +136,9 @@ __all__ = [
     "merge_state",
     "merge_state_v2",
     "nsa",
+    "sparse_attn_func",
+    "sparse_attn_varlen_func",
+    "sparse_flash_attn",
     "store_cache_xpu",
     "top_k",
     "topk_transform_512",
