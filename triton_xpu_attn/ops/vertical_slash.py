@@ -253,14 +253,14 @@ def _vs_attn_kernel(
         for n0 in range(0, block_n, BLOCK_N):
             key = off + n0 + offs_n
             key_ok = (n0 + offs_n < block_n) & (key >= lo_key) & (key < hi_key)
-            if unsorted_b > 0:
-                seen = tl.zeros([BLOCK_N], dtype=tl.int32)
-                for i0 in range(0, j, BLOCK_I):
-                    i = i0 + offs_i
-                    start = tl.load(bo_row + i * stride_boj, mask=i < j, other=0).to(tl.int64)
-                    hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < j)[None, :]
-                    seen += tl.sum(hit.to(tl.int32), axis=1)
-                key_ok = key_ok & (seen == 0)
+            # (a loop bound of 0, not an if: triton-xpu 3.3 fails on the if's yielded mask)
+            seen = tl.zeros([BLOCK_N], dtype=tl.int32)
+            for i0 in range(0, tl.where(unsorted_b > 0, j, 0), BLOCK_I):
+                i = i0 + offs_i
+                start = tl.load(bo_row + i * stride_boj, mask=i < j, other=0).to(tl.int64)
+                hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < j)[None, :]
+                seen += tl.sum(hit.to(tl.int32), axis=1)
+            key_ok = key_ok & (seen == 0)
             acc, m_i, l_i = _vs_attend(acc, m_i, l_i, q, key, key_ok, last_key, k_base, v_base, stride_kt,
                                        stride_vt, offs_d, d_ok, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
     for c0 in range(0, nc, BLOCK_N):
@@ -273,12 +273,11 @@ def _vs_attn_kernel(
             start = tl.load(bo_row + i * stride_boj, mask=i < nb, other=0).to(tl.int64)
             hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < nb)[None, :]
             seen += tl.sum(hit.to(tl.int32), axis=1)
-        if unsorted_c > 0:
-            for i0 in range(0, c0 + BLOCK_N, BLOCK_I):
-                i = i0 + offs_i
-                other = tl.load(ci_row + i * stride_cij, mask=i < nc, other=0).to(tl.int64)
-                hit = (key[:, None] == other[None, :]) & (i[None, :] < c[:, None])
-                seen += tl.sum(hit.to(tl.int32), axis=1)
+        for i0 in range(0, tl.where(unsorted_c > 0, c0 + BLOCK_N, 0), BLOCK_I):
+            i = i0 + offs_i
+            other = tl.load(ci_row + i * stride_cij, mask=i < nc, other=0).to(tl.int64)
+            hit = (key[:, None] == other[None, :]) & (i[None, :] < c[:, None])
+            seen += tl.sum(hit.to(tl.int32), axis=1)
         key_ok = key_ok & (seen == 0)
         acc, m_i, l_i = _vs_attend(acc, m_i, l_i, q, key, key_ok, last_key, k_base, v_base, stride_kt, stride_vt,
                                    offs_d, d_ok, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
@@ -318,20 +317,27 @@ def _register_compile_variants():
                 block_n="i32", qk_scale="fp32", softcap="fp32",
                 HEAD_DIM=128, TILE_M=64, BLOCK_M=64, BLOCK_N=64, BLOCK_I=_BLOCK_I, CAUSAL=True, VARLEN=False,
                 HAS_SOFTCAP=False, WRITE_LSE=True, DOT_PRECISION="tf32")
+    # the Intel tiles (_xpu_options): 32 queries x 16 keys, 8 warps. 0 B spilled at head dim 64;
+    # head dim 128 spills 10-12 KB a thread at 256 GRF (pvc, bmg) with these and every other
+    # tile tried (16-64 queries, 16-64 keys, 4-16 warps): not registered until the head dim is split
+    xpu = dict(attn, TILE_M=_XPU_ROWS, BLOCK_M=_XPU_ROWS, BLOCK_N=_XPU_KEYS, HEAD_DIM=64)
     opts = _xpu_options()
-    register_xpu_compile(_vs_attn_kernel, "bf16,D128,M64xN64,causal,lse", attn, dots=2, **opts)
-    register_xpu_compile(_vs_attn_kernel, "fp16,D64,M64xN64,varlen,softcap",
-                         {**attn, "q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16",
-                          "HEAD_DIM": 64, "VARLEN": True, "CAUSAL": False, "HAS_SOFTCAP": True}, dots=2, **opts)
+    register_xpu_compile(_vs_attn_kernel, "bf16,D64,M32xN16,causal,lse", xpu, dots=4, **opts)
+    register_xpu_compile(_vs_attn_kernel, "fp16,D64,M32xN16,varlen,softcap",
+                         {**xpu, "q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16",
+                          "VARLEN": True, "CAUSAL": False, "HAS_SOFTCAP": True, "WRITE_LSE": False}, dots=4, **opts)
 
 
 #: rows (lanes) of one convert program; duplicate-check chunk of the attention kernel
 _CONVERT_ROWS = 32
 _BLOCK_I = 32
+#: Intel tiles: queries a program (at most), keys a step
+_XPU_ROWS, _XPU_KEYS = 32, 16
 
 
 def _xpu_options() -> dict:
-    return dict(num_warps=8, num_stages=1)
+    """Launch options on Intel GPUs: 8 warps, 256 GRF (the default 128 spills 8-10 KB a thread)."""
+    return dict(num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
 
 
 _register_compile_variants()
@@ -496,17 +502,18 @@ def _check_tables(block_count, block_offset, column_count, column_index, batch, 
 
 def _tiles(block_m: int, head_dim: int) -> dict:
     """Tile sizes: ``BLOCK_M`` queries a program (the largest power of two dividing
-    ``block_size_M``, at most 64; a tile of at least 16 rows for tl.dot), 64 keys a step (32 past
-    head dim 128)."""
-    block_rows = min(64, block_m & -block_m)
+    ``block_size_M``, at most 64, 32 on Intel; a tile of at least 16 rows for tl.dot), 64 keys a
+    step (32 past head dim 128; 16 on Intel)."""
+    xpu = _device.backend() == "xpu"
+    block_rows = min(_XPU_ROWS if xpu else 64, block_m & -block_m)
     head = max(16, next_power_of_2(head_dim))
     config = dict(BLOCK_M=block_rows, TILE_M=max(16, block_rows), BLOCK_N=64 if head <= 128 else 32,
                   HEAD_DIM=head, BLOCK_I=_BLOCK_I)
     if _device.is_interpreter():
         config.update(BLOCK_N=16, num_warps=4, num_stages=1)
-    elif _device.backend() == "xpu":
-        config.update(_xpu_options())
-    else:
+    elif xpu:
+        config.update(BLOCK_N=_XPU_KEYS, **_xpu_options())
+    else:  # NVIDIA: not yet timed
         config.update(num_warps=4, num_stages=2)
     return config
 
@@ -561,11 +568,16 @@ def _check_qkv(q, k, v, ndim):
         raise ValueError(f"q's heads ({q.shape[-2]}) must be a multiple of k's ({k.shape[-2]})")
 
 
-def _check_out(out, q):
+def _check_rest(q, k, v, tables, out, batch, **offsets):
+    """The tables, ``out`` (allocated when None, returned) and one device for everything."""
+    _check_tables(*tables, batch, q.shape[-2])
     if out is not None:
         check_tensor("out", out, dtypes=(q.dtype,), shape=tuple(q.shape), last_dim_contiguous=True)
-        return out
-    return torch.empty_like(q)
+    else:
+        out = torch.empty_like(q)
+    names = ("block_count", "block_offset", "column_count", "column_index")
+    check_same_device(q=q, k=k, v=v, **dict(zip(names, tables)), **offsets, out=out)
+    return out
 
 
 def sparse_attn_func(
@@ -626,10 +638,7 @@ def sparse_attn_func(
     scale, softcap, causal, return_lse, block_m, block_n = _check_options(
         dropout_p, softmax_scale, softcap, alibi_slopes, deterministic, return_attn_probs, causal,
         return_softmax_lse, block_size_M, block_size_N, head_dim)
-    _check_tables(block_count, block_offset, column_count, column_index, batch, heads)
-    out = _check_out(out, q)
-    check_same_device(q=q, k=k, v=v, block_count=block_count, block_offset=block_offset, column_count=column_count,
-                      column_index=column_index, out=out)
+    out = _check_rest(q, k, v, (block_count, block_offset, column_count, column_index), out, batch)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
     _attention(q, k, v, (block_count, block_offset, column_count, column_index), varlen=False, cu_seqlens_q=None,
                cu_seqlens_k=None, grid_q=seqlen_q, softmax_scale=scale, causal=causal, softcap=softcap,
@@ -666,10 +675,8 @@ def sparse_attn_varlen_func(
     scale, softcap, causal, return_lse, block_m, block_n = _check_options(
         dropout_p, softmax_scale, softcap, alibi_slopes, deterministic, return_attn_probs, causal,
         return_softmax_lse, block_size_M, block_size_N, head_dim)
-    _check_tables(block_count, block_offset, column_count, column_index, batch, heads)
-    out = _check_out(out, q)
-    check_same_device(q=q, k=k, v=v, block_count=block_count, block_offset=block_offset, column_count=column_count,
-                      column_index=column_index, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, out=out)
+    out = _check_rest(q, k, v, (block_count, block_offset, column_count, column_index), out, batch,
+                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     # rows of no request (and past max_seqlen_q): 0 and -inf, then each request's rows written
     out.zero_()
     lse = torch.full((heads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
