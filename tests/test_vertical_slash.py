@@ -334,6 +334,49 @@ def test_keys_named_twice_count_once(case):
     _check(out, lse, ref_out, ref_lse, torch.float32, True)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("head_dim, block_dv", [(128, 64), (64, 32), (24, 16)])
+def test_output_channel_slices(monkeypatch, head_dim, block_dv, varlen):
+    """The Intel tiles (``_xpu_tiles``: output channels in ``BLOCK_DV``-wide slices, one program
+    each, repeating the score dot; LSE from the first slice), forced onto any backend: equal the
+    reference with duplicates, out-of-range keys, causal + LSE, softcap, padded head dims."""
+    from triton_xpu_attn.ops import vertical_slash as vs
+
+    tiles = vs._tiles
+
+    def sliced(block_m, hd):
+        cfg = tiles(block_m, hd)
+        xpu = vs._xpu_tiles(cfg["BLOCK_M"], cfg["HEAD_DIM"])
+        cfg.update(BLOCK_M=xpu["BLOCK_M"], TILE_M=xpu["TILE_M"], BLOCK_N=xpu["BLOCK_N"], BLOCK_DV=block_dv)
+        return cfg
+
+    monkeypatch.setattr(vs, "_tiles", sliced)
+    g = torch.Generator().manual_seed(head_dim + varlen)
+    sq, sk, hk, group, bm, bn = 12, 40, 1, 2, 8, 8
+    heads, rows, batch = hk * group, 2, 1
+    q = torch.randn(batch, sq, heads, head_dim, generator=g)
+    k, v = (torch.randn(batch, sk, hk, head_dim, generator=g) for _ in range(2))
+    bc = torch.tensor([3, 2] * heads, dtype=torch.int32).view(batch, heads, rows)
+    cc = torch.tensor([4, 3] * heads, dtype=torch.int32).view(batch, heads, rows)
+    bo = torch.randint(-4, sk + 2, (batch, heads, rows, 3), generator=g, dtype=torch.int32)
+    ci = torch.randint(-2, sk + 2, (batch, heads, rows, 4), generator=g, dtype=torch.int32)
+    tables = (bc, bo, cc, ci)
+    causal, softcap = (False, 2.0) if varlen else (True, 0.0)
+    ref_out, ref_lse = ref.sparse_attention(q, k, v, *tables, head_dim ** -0.5, causal, softcap, bm, bn)
+    if varlen:
+        cu_q = torch.tensor([0, sq], dtype=torch.int32)
+        cu_k = torch.tensor([0, sk], dtype=torch.int32)
+        out, lse = sparse_attn_varlen_func(*_dev(q[0], k[0], v[0], *tables, cu_q, cu_k), sq, sk, causal=causal,
+                                           softcap=softcap, return_softmax_lse=True, block_size_M=bm,
+                                           block_size_N=bn)
+        out, lse = out[None], lse[None]
+    else:
+        out, lse = sparse_attn_func(*_dev(q, k, v, *tables), causal=causal, softcap=softcap,
+                                    return_softmax_lse=True, out=poison(torch.empty_like(q)).to(DEVICE),
+                                    block_size_M=bm, block_size_N=bn)
+    _check(out, lse, ref_out, ref_lse, torch.float32, True)
+
+
 def test_empty_inputs():
     i32 = torch.int32
     # no batch, no queries, no keys, no rows, no lines: zeros and -inf, no NaN

@@ -23,6 +23,7 @@ from .. import device as _device
 from .._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    LaunchShape,
     check_bool,
     check_int,
     check_real,
@@ -143,30 +144,6 @@ def _vs_convert_kernel(
 
 
 @triton.jit
-def _vs_attend(acc, m_i, l_i, q, key, key_ok, last_key, k_base, v_base, stride_kt, stride_vt, offs_d, d_ok,
-               qk_scale, softcap, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax update over one tile of keys ``key`` (positions in the request; ``key_ok``:
-    in range, named, counted once); query row ``i`` sees keys ``<= last_key[i]``. Keys no row of
-    the tile sees are not loaded."""
-    LN2E: tl.constexpr = 1.4426950408889634
-    key_ok = key_ok & (key <= tl.max(last_key, axis=0))
-    if tl.max(key_ok.to(tl.int32), axis=0) > 0:
-        kt = tl.load(k_base + key[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :] & d_ok[:, None],
-                     other=0.0)
-        s = tl.dot(q, kt.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
-        if HAS_SOFTCAP:
-            s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LN2E / softcap)) + 1.0)) * LN2E
-        visible = key_ok[None, :] & (key[None, :] <= last_key[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
-        v = tl.load(v_base + key[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], out_dtype=tl.float32,
-                     input_precision=DOT_PRECISION)
-    return acc, m_i, l_i
-
-
-@triton.jit
 def _vs_attn_kernel(
     q_ptr, stride_qb, stride_qt, stride_qh,
     k_ptr, stride_kb, stride_kt, stride_kh,
@@ -180,14 +157,23 @@ def _vs_attn_kernel(
     ci_ptr, stride_cib, stride_cih, stride_cir, stride_cij,
     num_rows, nnz_s, nnz_v, group, head_dim, block_m, block_n, qk_scale, softcap,
     HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_I: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_I: tl.constexpr, SCORE_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """``BLOCK_M`` queries (inside one row block of ``block_m``; a tile of ``TILE_M >= BLOCK_M``
-    rows) of head ``h``, request ``b``: first the row's key blocks, then its columns. A key is
-    counted once: a block key already in an earlier block, or a column in a block or equal to an
-    earlier column, is dropped (checks skipped when the row's lists are ascending and apart)."""
-    pid_m = tl.program_id(0)
+    rows) of head ``h``, request ``b``, output channels ``[dv_tile * BLOCK_DV, + BLOCK_DV)``: one
+    loop over the row's work list, first its key blocks (in ``BLOCK_N``-key tiles), then its
+    columns (``BLOCK_N`` a tile). A key is counted once: a block key already in an earlier block,
+    or a column in a block or equal to an earlier column, is dropped (checks skipped when the
+    row's lists are ascending and apart). The score dot runs over ``SCORE_CHUNK``-channel chunks
+    (q re-read per tile when there are several; one chunk: q held); with ``BLOCK_DV < HEAD_DIM``
+    each channel slice is its own program, repeating the score dot. Keys no row of the tile sees
+    are not loaded."""
+    LN2E: tl.constexpr = 1.4426950408889634
+    NUM_DV: tl.constexpr = HEAD_DIM // BLOCK_DV
+    NUM_SC: tl.constexpr = HEAD_DIM // SCORE_CHUNK
+    pid_m = tl.program_id(0) // NUM_DV
+    dv_tile = tl.program_id(0) % NUM_DV
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     kvh = h // group
@@ -209,10 +195,13 @@ def _vs_attn_kernel(
         last_key = tl.where(row_ok, t + k_len - q_len, -1)
     else:
         last_key = tl.where(row_ok, k_len - 1, -1)
-    offs_d = tl.arange(0, HEAD_DIM)
-    d_ok = offs_d < head_dim
+    max_key = tl.max(last_key, axis=0)
+    offs_dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < head_dim
     q_rows = q_ptr + b * stride_qb + (q_start + t) * stride_qt + h * stride_qh
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if NUM_SC == 1:
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < head_dim)[None, :], other=0.0)
     k_base = k_ptr + b * stride_kb + k_start * stride_kt + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + k_start * stride_vt + kvh * stride_vh
 
@@ -247,49 +236,67 @@ def _vs_attn_kernel(
 
     m_i = tl.full([TILE_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([TILE_M], dtype=tl.float32)
-    acc = tl.zeros([TILE_M, HEAD_DIM], dtype=tl.float32)
-    for j in range(0, nb):
-        off = tl.load(bo_row + j * stride_boj).to(tl.int64)
-        for n0 in range(0, block_n, BLOCK_N):
-            key = off + n0 + offs_n
-            key_ok = (n0 + offs_n < block_n) & (key >= lo_key) & (key < hi_key)
-            # (a loop bound of 0, not an if: triton-xpu 3.3 fails on the if's yielded mask)
-            seen = tl.zeros([BLOCK_N], dtype=tl.int32)
-            for i0 in range(0, tl.where(unsorted_b > 0, j, 0), BLOCK_I):
-                i = i0 + offs_i
-                start = tl.load(bo_row + i * stride_boj, mask=i < j, other=0).to(tl.int64)
-                hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < j)[None, :]
-                seen += tl.sum(hit.to(tl.int32), axis=1)
-            key_ok = key_ok & (seen == 0)
-            acc, m_i, l_i = _vs_attend(acc, m_i, l_i, q, key, key_ok, last_key, k_base, v_base, stride_kt,
-                                       stride_vt, offs_d, d_ok, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
-    for c0 in range(0, nc, BLOCK_N):
-        c = c0 + offs_n
-        key = tl.load(ci_row + c * stride_cij, mask=c < nc, other=0).to(tl.int64)
-        key_ok = (c < nc) & (key >= lo_key) & (key < hi_key)
+    acc = tl.zeros([TILE_M, BLOCK_DV], dtype=tl.float32)
+    # the work list: tiles_per_block steps a key block, then one step per BLOCK_N columns
+    tiles_per_block = (block_n + BLOCK_N - 1) // BLOCK_N
+    block_steps = nb * tiles_per_block
+    for step in range(0, block_steps + (nc + BLOCK_N - 1) // BLOCK_N):
+        is_blk = step < block_steps
+        j = step // tiles_per_block
+        n0 = (step - j * tiles_per_block) * BLOCK_N
+        c = (step - block_steps) * BLOCK_N + offs_n
+        off = tl.load(bo_row + j * stride_boj, mask=is_blk, other=0).to(tl.int64)
+        col = tl.load(ci_row + c * stride_cij, mask=(c >= 0) & (c < nc), other=0).to(tl.int64)
+        key = tl.where(is_blk, off + n0 + offs_n, col)
+        key_ok = tl.where(is_blk, n0 + offs_n < block_n, (c >= 0) & (c < nc)) & (key >= lo_key) & (key < hi_key)
+        # a block key in an earlier block (only when the blocks are not ascending and apart), a
+        # column in any block, a column equal to an earlier one (only when not ascending).
+        # (loop bounds of 0, not ifs: triton-xpu 3.3 fails on an if's yielded mask)
         seen = tl.zeros([BLOCK_N], dtype=tl.int32)
-        for i0 in range(0, nb, BLOCK_I):
+        nb_check = tl.where(is_blk, tl.where(unsorted_b > 0, j, 0), nb)
+        for i0 in range(0, nb_check, BLOCK_I):
             i = i0 + offs_i
-            start = tl.load(bo_row + i * stride_boj, mask=i < nb, other=0).to(tl.int64)
-            hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < nb)[None, :]
+            start = tl.load(bo_row + i * stride_boj, mask=i < nb_check, other=0).to(tl.int64)
+            hit = (key[:, None] >= start[None, :]) & (key[:, None] < start[None, :] + block_n) & (i < nb_check)[None, :]
             seen += tl.sum(hit.to(tl.int32), axis=1)
-        for i0 in range(0, tl.where(unsorted_c > 0, c0 + BLOCK_N, 0), BLOCK_I):
+        for i0 in range(0, tl.where(is_blk | (unsorted_c == 0), 0, step - block_steps + 1) * BLOCK_N, BLOCK_I):
             i = i0 + offs_i
             other = tl.load(ci_row + i * stride_cij, mask=i < nc, other=0).to(tl.int64)
             hit = (key[:, None] == other[None, :]) & (i[None, :] < c[:, None])
             seen += tl.sum(hit.to(tl.int32), axis=1)
-        key_ok = key_ok & (seen == 0)
-        acc, m_i, l_i = _vs_attend(acc, m_i, l_i, q, key, key_ok, last_key, k_base, v_base, stride_kt, stride_vt,
-                                   offs_d, d_ok, qk_scale, softcap, HAS_SOFTCAP, DOT_PRECISION)
+        key_ok = key_ok & (seen == 0) & (key <= max_key)
+        if tl.max(key_ok.to(tl.int32), axis=0) > 0:
+            s = tl.zeros([TILE_M, BLOCK_N], dtype=tl.float32)
+            for sc in tl.static_range(NUM_SC):
+                offs_c = sc * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
+                if NUM_SC == 1:
+                    q_c = q
+                else:
+                    q_c = tl.load(q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & (offs_c < head_dim)[None, :],
+                                  other=0.0)
+                kt = tl.load(k_base + key[None, :] * stride_kt + offs_c[:, None],
+                             mask=key_ok[None, :] & (offs_c < head_dim)[:, None], other=0.0)
+                s = tl.dot(q_c, kt.to(q_c.dtype), acc=s, out_dtype=tl.float32, input_precision=DOT_PRECISION)
+            s = s * qk_scale
+            if HAS_SOFTCAP:
+                s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LN2E / softcap)) + 1.0)) * LN2E
+            visible = key_ok[None, :] & (key[None, :] <= last_key[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+            v = tl.load(v_base + key[:, None] * stride_vt + offs_dv[None, :], mask=key_ok[:, None] & dv_ok[None, :],
+                        other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], out_dtype=tl.float32,
+                         input_precision=DOT_PRECISION)
 
     has_key = l_i > 0.0
     out = acc / tl.where(has_key, l_i, 1.0)[:, None]
     out = tl.where(has_key[:, None], out, 0.0)
     o_rows = o_ptr + b * stride_ob + (q_start + t) * stride_ot + h * stride_oh
-    tl.store(o_rows[:, None] + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(o_rows[:, None] + offs_dv[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
     if WRITE_LSE:
-        lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-        tl.store(lse_ptr + b * stride_lb + h * stride_lh + (q_start + t) * stride_lt, lse, mask=row_ok)
+        if dv_tile == 0:  # the first channel slice writes it
+            lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            tl.store(lse_ptr + b * stride_lb + h * stride_lh + (q_start + t) * stride_lt, lse, mask=row_ok)
 
 
 def _register_compile_variants():
@@ -315,29 +322,62 @@ def _register_compile_variants():
                 ci_ptr="*i32", stride_cib="i64", stride_cih="i32", stride_cir="i32", stride_cij="i32",
                 num_rows="i32", nnz_s="i32", nnz_v="i32", group="i32", head_dim="i32", block_m="i32",
                 block_n="i32", qk_scale="fp32", softcap="fp32",
-                HEAD_DIM=128, TILE_M=64, BLOCK_M=64, BLOCK_N=64, BLOCK_I=_BLOCK_I, CAUSAL=True, VARLEN=False,
-                HAS_SOFTCAP=False, WRITE_LSE=True, DOT_PRECISION="tf32")
-    # the Intel tiles (_xpu_options): 32 queries x 16 keys, 8 warps. 0 B spilled at head dim 64;
-    # head dim 128 spills 10-12 KB a thread at 256 GRF (pvc, bmg) with these and every other
-    # tile tried (16-64 queries, 16-64 keys, 4-16 warps): not registered until the head dim is split
-    xpu = dict(attn, TILE_M=_XPU_ROWS, BLOCK_M=_XPU_ROWS, BLOCK_N=_XPU_KEYS, HEAD_DIM=64)
-    opts = _xpu_options()
-    register_xpu_compile(_vs_attn_kernel, "bf16,D64,M32xN16,causal,lse", xpu, dots=4, **opts)
-    register_xpu_compile(_vs_attn_kernel, "fp16,D64,M32xN16,varlen,softcap",
-                         {**xpu, "q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16",
-                          "VARLEN": True, "CAUSAL": False, "HAS_SOFTCAP": True, "WRITE_LSE": False}, dots=4, **opts)
+                HEAD_DIM=128, TILE_M=64, BLOCK_M=64, BLOCK_N=64, BLOCK_I=_BLOCK_I, SCORE_CHUNK=128, BLOCK_DV=128,
+                CAUSAL=True, VARLEN=False, HAS_SOFTCAP=False, WRITE_LSE=True, DOT_PRECISION="tf32")
+    # the Intel tiles (_xpu_tiles): 0 B spilled on pvc and bmg. Sweep, native code (work x min
+    # at the _launch_shape pattern): docs/xpu.md "Vertical/slash sparse attention"
+    for d in (64, 128):
+        xpu = dict(attn, HEAD_DIM=d, BLOCK_I=_BLOCK_I)
+        opts = _xpu_tiles(64, d)
+        for name in ("BLOCK_M", "TILE_M", "BLOCK_N", "SCORE_CHUNK", "BLOCK_DV"):
+            xpu[name] = opts.pop(name)
+        tile = f"D{d},M{xpu['BLOCK_M']}xN{xpu['BLOCK_N']}" + (f",DV{xpu['BLOCK_DV']}" if xpu["BLOCK_DV"] < d else "")
+        register_xpu_compile(_vs_attn_kernel, f"bf16,{tile},causal,lse", xpu, dots=2, launch=_launch_shape, **opts)
+        register_xpu_compile(_vs_attn_kernel, f"fp16,{tile},varlen,softcap",
+                             {**xpu, "q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16",
+                              "VARLEN": True, "CAUSAL": False, "HAS_SOFTCAP": True, "WRITE_LSE": False}, dots=2,
+                             launch=_launch_shape, **opts)
+
+
+def _launch_shape(c: dict, heads: int = 32, kv_heads: int = 8, seqlen: int = 8192, blocks: int = 16,
+                  columns: int = 1024, block_m: int = 64, block_n: int = 64) -> LaunchShape:
+    """The work of one launch with the kernel's constexprs ``c`` (``LaunchShape``: the XPU
+    native-code table's work columns): one request of ``seqlen`` queries, ``heads`` / ``kv_heads``
+    heads, every row block of ``block_m`` queries seeing ``blocks`` key blocks of ``block_n`` and
+    ``columns`` columns (no key named twice, all visible: a non-causal pattern). A program loads per
+    step ``BLOCK_N`` keys of K (all channels: the score dot) and of its ``BLOCK_DV`` value channels;
+    the minimum multiplies each (query, key) pair once over ``D + D`` channels and reads each row
+    block's keys once per KV head."""
+    d, dv = c["HEAD_DIM"], c["BLOCK_DV"]
+    keys = blocks * block_n + columns
+    return LaunchShape(
+        shape=f"H{heads}/{kv_heads} D{d} L{seqlen} {blocks}x{block_n}+{columns}",
+        programs=heads * cdiv(seqlen, c["BLOCK_M"]) * (d // dv),
+        iterations=blocks * cdiv(block_n, c["BLOCK_N"]) + cdiv(columns, c["BLOCK_N"]),
+        loaded_bytes=c["BLOCK_N"] * (d + dv) * 2,
+        min_macs=heads * seqlen * keys * 2 * d,
+        min_bytes=kv_heads * cdiv(seqlen, block_m) * keys * 2 * d * 2,
+    )
 
 
 #: rows (lanes) of one convert program; duplicate-check chunk of the attention kernel
 _CONVERT_ROWS = 32
 _BLOCK_I = 32
-#: Intel tiles: queries a program (at most), keys a step
-_XPU_ROWS, _XPU_KEYS = 32, 16
 
 
-def _xpu_options() -> dict:
-    """Launch options on Intel GPUs: 8 warps, 256 GRF (the default 128 spills 8-10 KB a thread)."""
-    return dict(num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
+def _xpu_tiles(block_rows: int, head: int) -> dict:
+    """Tiles and launch options on Intel GPUs (native code of triton-xpu 3.3 -> ocloc, pvc and
+    bmg; docs/xpu.md): ``block_rows`` queries a program (at most 64), 16-key steps, one warp per
+    8 rows (at least 2: a DPAS row tile each, so no warp repeats another's dot), 256 GRF. Each
+    sub-group gathers the whole ``[HEAD_DIM, 16]`` K^T tile (keys are scattered: no 2D read), so
+    above head dim 64 the output channels go to 64-wide slices on separate programs, each
+    repeating the score dot (1.5x the minimum DPAS work at head dim 128, 0 B spilled; whole rows
+    spill 4.5-26 KB at every tile tried, and score-dot chunks with q re-read 8-24 KB)."""
+    rows = min(64, block_rows)
+    tile_m = max(16, rows)
+    return dict(BLOCK_M=rows, TILE_M=tile_m, BLOCK_N=16, SCORE_CHUNK=head, BLOCK_DV=min(head, 64),
+                num_warps=max(2 if head <= 64 else 4, tile_m // 8), num_stages=1,
+                grf_mode=_device.xpu_large_grf_mode())
 
 
 _register_compile_variants()
@@ -502,17 +542,16 @@ def _check_tables(block_count, block_offset, column_count, column_index, batch, 
 
 def _tiles(block_m: int, head_dim: int) -> dict:
     """Tile sizes: ``BLOCK_M`` queries a program (the largest power of two dividing
-    ``block_size_M``, at most 64, 32 on Intel; a tile of at least 16 rows for tl.dot), 64 keys a
-    step (32 past head dim 128; 16 on Intel)."""
-    xpu = _device.backend() == "xpu"
-    block_rows = min(_XPU_ROWS if xpu else 64, block_m & -block_m)
+    ``block_size_M``, at most 64; a tile of at least 16 rows for tl.dot), 64 keys a step (32 past
+    head dim 128), whole head rows; on Intel ``_xpu_tiles``."""
+    block_rows = min(64, block_m & -block_m)
     head = max(16, next_power_of_2(head_dim))
     config = dict(BLOCK_M=block_rows, TILE_M=max(16, block_rows), BLOCK_N=64 if head <= 128 else 32,
-                  HEAD_DIM=head, BLOCK_I=_BLOCK_I)
+                  HEAD_DIM=head, BLOCK_I=_BLOCK_I, SCORE_CHUNK=head, BLOCK_DV=head)
     if _device.is_interpreter():
         config.update(BLOCK_N=16, num_warps=4, num_stages=1)
-    elif xpu:
-        config.update(BLOCK_N=_XPU_KEYS, **_xpu_options())
+    elif _device.backend() == "xpu":
+        config.update(_xpu_tiles(block_rows, head))
     else:  # NVIDIA: not yet timed
         config.update(num_warps=4, num_stages=2)
     return config
@@ -526,7 +565,7 @@ def _attention(q, k, v, tables, *, varlen, cu_seqlens_q, cu_seqlens_k, grid_q, s
     batch, heads = block_count.shape[0], block_count.shape[1]
     head_dim = q.shape[-1]
     cfg = _tiles(block_m, head_dim)
-    grid = (cdiv(grid_q, cfg["BLOCK_M"]), heads, batch)
+    grid = (cdiv(grid_q, cfg["BLOCK_M"]) * (cfg["HEAD_DIM"] // cfg["BLOCK_DV"]), heads, batch)
     if grid[0] == 0 or heads == 0 or batch == 0:
         return
     q_k, k_k, v_k, out_k = interpreter_float32(q, k, v, out)
@@ -550,7 +589,7 @@ def _attention(q, k, v, tables, *, varlen, cu_seqlens_q, cu_seqlens_k, grid_q, s
             block_count.shape[2], block_offset.shape[3], column_index.shape[3], q.shape[-2] // k.shape[-2],
             head_dim, block_m, block_n, softmax_scale if softcap > 0 else softmax_scale * LOG2E, softcap,
             HEAD_DIM=cfg["HEAD_DIM"], TILE_M=cfg["TILE_M"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-            BLOCK_I=cfg["BLOCK_I"], CAUSAL=causal, VARLEN=varlen, HAS_SOFTCAP=softcap > 0, WRITE_LSE=return_lse,
+            BLOCK_I=cfg["BLOCK_I"], SCORE_CHUNK=cfg["SCORE_CHUNK"], BLOCK_DV=cfg["BLOCK_DV"], CAUSAL=causal, VARLEN=varlen, HAS_SOFTCAP=softcap > 0, WRITE_LSE=return_lse,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
