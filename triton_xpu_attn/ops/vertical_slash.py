@@ -21,20 +21,8 @@ import torch
 
 from .. import device as _device
 from .._common import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    LaunchShape,
-    check_bool,
-    check_int,
-    check_real,
-    check_same_device,
-    check_tensor,
-    device_guard,
-    interpreter_float32,
-    next_power_of_2,
-    cdiv,
-    register_xpu_compile,
-    softmax_step,
+    FLOAT_DTYPES, INDEX_DTYPES, LaunchShape, cdiv, check_bool, check_int, check_real, check_same_device, check_tensor,
+    device_guard, interpreter_float32, next_power_of_2, register_xpu_compile, softmax_step,
 )
 import triton  # noqa: E402  (after the package's device selection)
 import triton.language as tl  # noqa: E402
@@ -157,7 +145,7 @@ def _vs_attn_kernel(
     ci_ptr, stride_cib, stride_cih, stride_cir, stride_cij,
     num_rows, nnz_s, nnz_v, group, head_dim, block_m, block_n, qk_scale, softcap,
     HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_I: tl.constexpr, SCORE_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
     VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """``BLOCK_M`` queries (inside one row block of ``block_m``; a tile of ``TILE_M >= BLOCK_M``
@@ -165,13 +153,10 @@ def _vs_attn_kernel(
     loop over the row's work list, first its key blocks (in ``BLOCK_N``-key tiles), then its
     columns (``BLOCK_N`` a tile). A key is counted once: a block key already in an earlier block,
     or a column in a block or equal to an earlier column, is dropped (checks skipped when the
-    row's lists are ascending and apart). The score dot runs over ``SCORE_CHUNK``-channel chunks
-    (q re-read per tile when there are several; one chunk: q held); with ``BLOCK_DV < HEAD_DIM``
-    each channel slice is its own program, repeating the score dot. Keys no row of the tile sees
-    are not loaded."""
+    row's lists are ascending and apart). With ``BLOCK_DV < HEAD_DIM`` each channel slice is its
+    own program, repeating the score dot. Keys no row of the tile sees are not loaded."""
     LN2E: tl.constexpr = 1.4426950408889634
     NUM_DV: tl.constexpr = HEAD_DIM // BLOCK_DV
-    NUM_SC: tl.constexpr = HEAD_DIM // SCORE_CHUNK
     pid_m = tl.program_id(0) // NUM_DV
     dv_tile = tl.program_id(0) % NUM_DV
     h = tl.program_id(1).to(tl.int64)
@@ -199,9 +184,9 @@ def _vs_attn_kernel(
     offs_dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < head_dim
     q_rows = q_ptr + b * stride_qb + (q_start + t) * stride_qt + h * stride_qh
-    if NUM_SC == 1:
-        offs_d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < head_dim)[None, :], other=0.0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     k_base = k_ptr + b * stride_kb + k_start * stride_kt + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + k_start * stride_vt + kvh * stride_vh
 
@@ -266,18 +251,9 @@ def _vs_attn_kernel(
             seen += tl.sum(hit.to(tl.int32), axis=1)
         key_ok = key_ok & (seen == 0) & (key <= max_key)
         if tl.max(key_ok.to(tl.int32), axis=0) > 0:
-            s = tl.zeros([TILE_M, BLOCK_N], dtype=tl.float32)
-            for sc in tl.static_range(NUM_SC):
-                offs_c = sc * SCORE_CHUNK + tl.arange(0, SCORE_CHUNK)
-                if NUM_SC == 1:
-                    q_c = q
-                else:
-                    q_c = tl.load(q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & (offs_c < head_dim)[None, :],
-                                  other=0.0)
-                kt = tl.load(k_base + key[None, :] * stride_kt + offs_c[:, None],
-                             mask=key_ok[None, :] & (offs_c < head_dim)[:, None], other=0.0)
-                s = tl.dot(q_c, kt.to(q_c.dtype), acc=s, out_dtype=tl.float32, input_precision=DOT_PRECISION)
-            s = s * qk_scale
+            kt = tl.load(k_base + key[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :] & d_ok[:, None],
+                         other=0.0)
+            s = tl.dot(q, kt.to(q.dtype), out_dtype=tl.float32, input_precision=DOT_PRECISION) * qk_scale
             if HAS_SOFTCAP:
                 s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LN2E / softcap)) + 1.0)) * LN2E
             visible = key_ok[None, :] & (key[None, :] <= last_key[:, None])
@@ -322,14 +298,14 @@ def _register_compile_variants():
                 ci_ptr="*i32", stride_cib="i64", stride_cih="i32", stride_cir="i32", stride_cij="i32",
                 num_rows="i32", nnz_s="i32", nnz_v="i32", group="i32", head_dim="i32", block_m="i32",
                 block_n="i32", qk_scale="fp32", softcap="fp32",
-                HEAD_DIM=128, TILE_M=64, BLOCK_M=64, BLOCK_N=64, BLOCK_I=_BLOCK_I, SCORE_CHUNK=128, BLOCK_DV=128,
+                HEAD_DIM=128, TILE_M=64, BLOCK_M=64, BLOCK_N=64, BLOCK_I=_BLOCK_I, BLOCK_DV=128,
                 CAUSAL=True, VARLEN=False, HAS_SOFTCAP=False, WRITE_LSE=True, DOT_PRECISION="tf32")
     # the Intel tiles (_xpu_tiles): 0 B spilled on pvc and bmg. Sweep, native code (work x min
     # at the _launch_shape pattern): docs/xpu.md "Vertical/slash sparse attention"
     for d in (64, 128):
         xpu = dict(attn, HEAD_DIM=d, BLOCK_I=_BLOCK_I)
         opts = _xpu_tiles(64, d)
-        for name in ("BLOCK_M", "TILE_M", "BLOCK_N", "SCORE_CHUNK", "BLOCK_DV"):
+        for name in ("BLOCK_M", "TILE_M", "BLOCK_N", "BLOCK_DV"):
             xpu[name] = opts.pop(name)
         tile = f"D{d},M{xpu['BLOCK_M']}xN{xpu['BLOCK_N']}" + (f",DV{xpu['BLOCK_DV']}" if xpu["BLOCK_DV"] < d else "")
         register_xpu_compile(_vs_attn_kernel, f"bf16,{tile},causal,lse", xpu, dots=2, launch=_launch_shape, **opts)
@@ -375,7 +351,7 @@ def _xpu_tiles(block_rows: int, head: int) -> dict:
     spill 4.5-26 KB at every tile tried, and score-dot chunks with q re-read 8-24 KB)."""
     rows = min(64, block_rows)
     tile_m = max(16, rows)
-    return dict(BLOCK_M=rows, TILE_M=tile_m, BLOCK_N=16, SCORE_CHUNK=head, BLOCK_DV=min(head, 64),
+    return dict(BLOCK_M=rows, TILE_M=tile_m, BLOCK_N=16, BLOCK_DV=min(head, 64),
                 num_warps=max(2 if head <= 64 else 4, tile_m // 8), num_stages=1,
                 grf_mode=_device.xpu_large_grf_mode())
 
@@ -547,7 +523,7 @@ def _tiles(block_m: int, head_dim: int) -> dict:
     block_rows = min(64, block_m & -block_m)
     head = max(16, next_power_of_2(head_dim))
     config = dict(BLOCK_M=block_rows, TILE_M=max(16, block_rows), BLOCK_N=64 if head <= 128 else 32,
-                  HEAD_DIM=head, BLOCK_I=_BLOCK_I, SCORE_CHUNK=head, BLOCK_DV=head)
+                  HEAD_DIM=head, BLOCK_I=_BLOCK_I, BLOCK_DV=head)
     if _device.is_interpreter():
         config.update(BLOCK_N=16, num_warps=4, num_stages=1)
     elif _device.backend() == "xpu":
@@ -589,7 +565,7 @@ def _attention(q, k, v, tables, *, varlen, cu_seqlens_q, cu_seqlens_k, grid_q, s
             block_count.shape[2], block_offset.shape[3], column_index.shape[3], q.shape[-2] // k.shape[-2],
             head_dim, block_m, block_n, softmax_scale if softcap > 0 else softmax_scale * LOG2E, softcap,
             HEAD_DIM=cfg["HEAD_DIM"], TILE_M=cfg["TILE_M"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-            BLOCK_I=cfg["BLOCK_I"], SCORE_CHUNK=cfg["SCORE_CHUNK"], BLOCK_DV=cfg["BLOCK_DV"], CAUSAL=causal, VARLEN=varlen, HAS_SOFTCAP=softcap > 0, WRITE_LSE=return_lse,
+            BLOCK_I=cfg["BLOCK_I"], BLOCK_DV=cfg["BLOCK_DV"], CAUSAL=causal, VARLEN=varlen, HAS_SOFTCAP=softcap > 0, WRITE_LSE=return_lse,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
