@@ -266,6 +266,20 @@ CPU_CALLS = {
         torch.zeros(2, 8), _i32([8, 3]), torch.zeros(2, 8, dtype=torch.int32), _i32([0, 1, 2]), 4)),
     "fast_topk_transform_ragged_fused": ("score", lambda: tx.fast_topk_transform_ragged_fused(
         torch.zeros(2, 8), _i32([8, 3]), _i32([0, 8]), 4)),
+    "sparse_attn_func": ("q", lambda: tx.sparse_attn_func(
+        torch.zeros(1, 64, 2, 32), torch.zeros(1, 64, 2, 32), torch.zeros(1, 64, 2, 32), _i32([[[1]]] * 1).expand(1, 2, 1),
+        torch.zeros(1, 2, 1, 1, dtype=torch.int32), _i32([[[0]]]).expand(1, 2, 1), torch.zeros(1, 2, 1, 1, dtype=torch.int32),
+        causal=True)),
+    "sparse_attn_varlen_func": ("q", lambda: tx.sparse_attn_varlen_func(
+        torch.zeros(64, 2, 32), torch.zeros(64, 2, 32), torch.zeros(64, 2, 32), _i32([[[1]]]).expand(1, 2, 1),
+        torch.zeros(1, 2, 1, 1, dtype=torch.int32), _i32([[[0]]]).expand(1, 2, 1), torch.zeros(1, 2, 1, 1, dtype=torch.int32),
+        _i32([0, 64]), _i32([0, 64]), 64, 64, causal=True)),
+    "convert_vertical_slash_indexes": ("q_seqlens", lambda: tx.convert_vertical_slash_indexes(
+        _i32([64]), _i32([64]), torch.zeros(1, 2, 4, dtype=torch.int32), torch.zeros(1, 2, 4, dtype=torch.int32), 64, 64,
+        64)),
+    "convert_vertical_slash_indexes_mergehead": ("q_seqlens", lambda: tx.convert_vertical_slash_indexes_mergehead(
+        _i32([64]), _i32([64]), torch.zeros(1, 2, 4, dtype=torch.int32), torch.zeros(1, 2, 4, dtype=torch.int32),
+        _i32([4, 4]), _i32([4, 4]), 64, 64, 64)),
     "topk_transform_512": ("scores", lambda: tx.topk_transform_512(
         torch.zeros(2, 8), _i32([8, 3]), torch.zeros(2, 8, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), 1)),
     "topk_transform_512_v2": ("scores", lambda: tx.topk_transform_512_v2(
