@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 import triton_xpu_attn as tx
 from helpers import DEVICE, INTERPRET
 from triton_xpu_attn import reference as ref
-from triton_xpu_attn.ops import topk as topk_mod
+from triton_xpu_attn.ops import topk_select as select_mod
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 SENTINEL = -777  # in output buffers: never a result (results are >= -1 or page-table values)
 TABLE_SENTINEL = 555555  # page-table cells outside the table a call gets
 
-#: kernel sizes the tests force (module constants the launcher reads)
+#: kernel sizes the tests force (topk_select's module constants, read by its launcher)
 PLANS = {
     "default": {},
     "oneshot": dict(ONESHOT_MAX=1024),
@@ -46,7 +46,7 @@ PLANS = {
 def plan(name: str):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in PLANS[name].items():
-            mp.setattr(topk_mod, key, value)
+            mp.setattr(select_mod, key, value)
         yield
 
 
@@ -322,7 +322,7 @@ def test_every_path_is_taken(plan_name):
     lengths = _i32([200, 200, 200])
     topk = 8
     metas = []
-    real = topk_mod._topk_candidates_kernel
+    real = select_mod._topk_candidates_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -332,12 +332,12 @@ def test_every_path_is_taken(plan_name):
             return launch
 
     with plan(plan_name), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(topk_mod, "_topk_candidates_kernel", Spy())
+        mp.setattr(select_mod, "_topk_candidates_kernel", Spy())
         got = tx.fast_topk_v2(score, lengths, topk)
     assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, topk))
     assert len(metas) == -(-3 // PLANS[plan_name]["ROWS_PER_LAUNCH"])  # ROWS_PER_LAUNCH rows at a time
     meta = torch.cat(metas)
-    fits = meta[:, 0] <= topk_mod_capacity(plan_name)
+    fits = meta[:, 0] <= plan_capacity(plan_name)
     if plan_name == "stream":
         assert not fits[0] and meta[0, 2] >= topk, meta  # periodic: bisection over the row
         assert not fits[1] and meta[1, 2] < topk, meta  # constant: the bound is the threshold
@@ -345,7 +345,7 @@ def test_every_path_is_taken(plan_name):
         assert fits[0] and not fits[1], meta
 
 
-def topk_mod_capacity(plan_name: str) -> int:
+def plan_capacity(plan_name: str) -> int:
     return PLANS[plan_name]["CAPACITY"]
 
 
@@ -357,7 +357,7 @@ def test_rows_split_over_programs(plan_name):
     score = torch.cat([make_scores(gen, 1, 300, kind) for kind in ("randn", "periodic", "ties")])
     lengths = _i32([300, 250, 299])
     grids = []
-    real = topk_mod._topk_group_max_kernel
+    real = select_mod._topk_group_max_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -365,7 +365,7 @@ def test_rows_split_over_programs(plan_name):
             return real[grid]
 
     with plan(plan_name), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(topk_mod, "_topk_group_max_kernel", Spy())
+        mp.setattr(select_mod, "_topk_group_max_kernel", Spy())
         got = tx.fast_topk_v2(score, lengths, 8)
         got_table = tx.fast_topk_transform_fused(score, lengths, _i32([[5 * j for j in range(300)]] * 3),
                                                  _i32([0, 1, 2, 3]), 8)
