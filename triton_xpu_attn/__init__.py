@@ -17,7 +17,7 @@ from .ops.local_attention import make_local_attention_virtual_batches, max_local
 from .ops.merge_state import merge_attn_states, merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size
 from .ops.mla_prefill import flash_mla_prefill, flash_mla_prefill_get_workspace_size
-from .ops.mla_sparse import flash_mla_sparse_fwd
+from .ops.mla_sparse_prefill import flash_mla_sparse_fwd
 from .ops.mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata
 from .ops.mla_sparse_decode import flash_mla_with_kvcache, get_mla_metadata
 from .ops.paged_attention import flash_attn_with_kvcache

@@ -93,7 +93,7 @@ from .ops import merge_state as _merge
 from .ops import mla as _mla_family
 from .ops import mla_decode as _mla
 from .ops import mla_prefill as _mla_prefill
-from .ops import mla_sparse as _mla_sparse
+from .ops import mla_sparse_prefill as _mla_sparse_prefill
 from .ops import mqa_logits as _mqa_logits
 from .ops import mla_sparse_decode as _mla_sparse_decode
 from .ops import page_table as _page_table
@@ -402,7 +402,7 @@ def flash_mla_sparse_fwd(
     topk_length: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`triton_xpu_attn.flash_mla_sparse_fwd` as a custom op: ``(out, max_logits, lse)``."""
-    return tuple(_mla_sparse.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length))
+    return tuple(_mla_sparse_prefill.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length))
 
 
 @flash_mla_sparse_fwd.register_fake
