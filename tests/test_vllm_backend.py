@@ -68,12 +68,13 @@ def vl():
 def ops_run(monkeypatch):
     """Names of our ops the engine reached (wrapping the package functions compat calls)."""
     import triton_xpu_attn
-    from triton_xpu_attn.ops import kv_cache
+    from triton_xpu_attn.ops import kv_cache_gather, kv_cache_store
 
     ran = []
     for module, names in (
         (triton_xpu_attn, ("flash_attn_with_kvcache", "flash_attn_varlen_func", "flash_mla_decode", "flash_mla_prefill")),
-        (kv_cache, ("reshape_and_cache_flash", "concat_and_cache_mla", "gather_and_maybe_dequant_cache")),
+        (kv_cache_store, ("reshape_and_cache_flash", "concat_and_cache_mla")),
+        (kv_cache_gather, ("gather_and_maybe_dequant_cache",)),
     ):
         for name in names:
             real = getattr(module, name)

@@ -6,13 +6,8 @@ interpreter on a machine without a GPU before any kernel is defined.
 """
 from . import device  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU-only machines)
 from .ops.indexer_cache import cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache
-from .ops.kv_cache import (
-    concat_and_cache_mla,
-    gather_and_maybe_dequant_cache,
-    gather_cache,
-    reshape_and_cache,
-    reshape_and_cache_flash,
-)
+from .ops.kv_cache_gather import gather_and_maybe_dequant_cache, gather_cache
+from .ops.kv_cache_store import concat_and_cache_mla, reshape_and_cache, reshape_and_cache_flash
 from .ops.local_attention import make_local_attention_virtual_batches, max_local_attention_virtual_batches
 from .ops.merge_state import merge_attn_states, merge_state, merge_state_v2
 from .ops.mla_decode import flash_mla_decode, flash_mla_decode_get_workspace_size, flash_mla_get_workspace_size

@@ -87,7 +87,8 @@ import torch
 from torch import Tensor
 
 from .ops import indexer_cache as _indexer_cache
-from .ops import kv_cache as _kv_cache
+from .ops import kv_cache_gather as _kv_cache_gather
+from .ops import kv_cache_store as _kv_cache_store
 from .ops import local_attention as _local
 from .ops import merge_state as _merge
 from .ops import mla as _mla_family
@@ -779,8 +780,8 @@ def reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value
                             kv_cache_dtype: str = "auto", k_scale: Optional[Tensor] = None,
                             v_scale: Optional[Tensor] = None) -> None:
     """:func:`triton_xpu_attn.reshape_and_cache_flash`: writes ``key_cache`` / ``value_cache`` in place."""
-    _kv_cache.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                                      v_scale)
+    _kv_cache_store.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                            k_scale, v_scale)
 
 
 @reshape_and_cache_flash.register_fake
@@ -792,7 +793,7 @@ def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto", k
 def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
                          kv_cache_dtype: str = "auto", scale: Optional[Tensor] = None) -> None:
     """:func:`triton_xpu_attn.concat_and_cache_mla`: writes ``kv_cache`` in place."""
-    _kv_cache.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    _kv_cache_store.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
 
 
 @concat_and_cache_mla.register_fake
@@ -805,8 +806,8 @@ def gather_and_maybe_dequant_cache(src_cache: Tensor, dst: Tensor, block_table: 
                                    batch_size: int, kv_cache_dtype: str = "auto", scale: Optional[Tensor] = None,
                                    seq_starts: Optional[Tensor] = None) -> None:
     """:func:`triton_xpu_attn.gather_and_maybe_dequant_cache`: writes ``dst`` in place."""
-    _kv_cache.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype,
-                                             scale, seq_starts)
+    _kv_cache_gather.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size,
+                                                    kv_cache_dtype, scale, seq_starts)
 
 
 @gather_and_maybe_dequant_cache.register_fake
@@ -819,7 +820,8 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
                       kv_cache_dtype: str = "auto", k_scale: Optional[Tensor] = None,
                       v_scale: Optional[Tensor] = None) -> None:
     """:func:`triton_xpu_attn.reshape_and_cache`: writes ``key_cache`` / ``value_cache`` in place."""
-    _kv_cache.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+    _kv_cache_store.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                      v_scale)
 
 
 @reshape_and_cache.register_fake
@@ -831,7 +833,7 @@ def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto", k
 def gather_cache(src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, batch_size: int,
                  seq_starts: Optional[Tensor] = None) -> None:
     """:func:`triton_xpu_attn.gather_cache`: writes ``dst`` in place."""
-    _kv_cache.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
+    _kv_cache_gather.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
 
 
 @gather_cache.register_fake

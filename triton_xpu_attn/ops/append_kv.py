@@ -239,7 +239,7 @@ def rotate_rows(x: torch.Tensor, rows: Rows, cos: torch.Tensor, sin: torch.Tenso
 
 
 def _interpreter_quantised(x: torch.Tensor, scale, rows: Rows, fmt) -> torch.Tensor:
-    """Interpreter only (its fp32 -> fp8 cast is wrong, see kv_cache._store_mode): ``x`` quantised
+    """Interpreter only (its fp32 -> fp8 cast is wrong, see kv_cache_store._store_mode): ``x`` quantised
     by torch with the kernel's formula, ``clamp(x / scale[b, h])`` in fp32, then the cast."""
     req = torch.repeat_interleave(torch.arange(rows.batch, device=x.device), rows.lengths(x.device).long().clamp(min=0))
     req = torch.cat([req, req.new_zeros(max(0, x.shape[0] - req.shape[0]))])[: x.shape[0]]

@@ -41,7 +41,8 @@ from torch import Tensor
 from .._stand_ins import op_defined
 
 from triton_xpu_attn.ops import indexer_cache as _indexer_cache
-from triton_xpu_attn.ops import kv_cache as _kv_cache
+from triton_xpu_attn.ops import kv_cache_gather as _kv_cache_gather
+from triton_xpu_attn.ops import kv_cache_store as _kv_cache_store
 
 NAMESPACE = "_C_cache_ops"
 
@@ -55,15 +56,15 @@ if not _defined("reshape_and_cache_flash"):
     def reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                                 slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
         """Store key / value rows into the paged cache at ``slot_mapping`` (-1: skipped)."""
-        _kv_cache.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                          k_scale, v_scale)
+        _kv_cache_store.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                k_scale, v_scale)
 
 if not _defined("concat_and_cache_mla"):
     @torch.library.custom_op(f"{NAMESPACE}::concat_and_cache_mla", mutates_args=("kv_cache",))
     def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                              scale: Tensor) -> None:
         """Store ``[kv_c | k_pe]`` rows into the paged MLA cache at ``slot_mapping`` (-1: skipped)."""
-        _kv_cache.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+        _kv_cache_store.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
 
 if not _defined("gather_and_maybe_dequant_cache"):
     @torch.library.custom_op(f"{NAMESPACE}::gather_and_maybe_dequant_cache", mutates_args=("dst",))
@@ -78,21 +79,22 @@ if not _defined("gather_and_maybe_dequant_cache"):
         elif isinstance(num_tokens, int) and num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         batch = cu_seq_lens.shape[0] - 1 if isinstance(cu_seq_lens, torch.Tensor) and cu_seq_lens.dim() == 1 else 0
-        _kv_cache.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, max(batch, 0),
-                                                 kv_cache_dtype, scale, seq_starts)
+        _kv_cache_gather.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, max(batch, 0),
+                                                        kv_cache_dtype, scale, seq_starts)
 
 if not _defined("reshape_and_cache"):
     @torch.library.custom_op(f"{NAMESPACE}::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
     def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                           kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
         """Store key / value rows into vLLM's paged-attention cache layout (-1: skipped)."""
-        _kv_cache.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+        _kv_cache_store.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                          v_scale)
 
 
 def _gather_cache(src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, batch_size: int,
                   seq_starts: Optional[Tensor]) -> None:
     """Copy each request's cache entries into contiguous rows of ``dst`` (bit for bit)."""
-    _kv_cache.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
+    _kv_cache_gather.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
 
 
 for _name in ("gather_cache", "cp_gather_cache"):
