@@ -33,7 +33,7 @@ from .._common import (
     check_same_device,
     check_tensor,
 )
-from .topk_select import MODE_INDEX, MODE_PAGE_TABLE, MODE_PAGED, MODE_RAGGED, _select
+from .topk_select import MODE_PAGE_TABLE, MODE_PAGED, MODE_RAGGED, _select
 
 #: the largest ``topk`` the ops take (upstream: 2048 for the ``fast_topk`` family, up to 2048 for
 #: the 512 variants)
