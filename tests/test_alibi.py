@@ -361,3 +361,17 @@ def test_gpu_bf16_prefill_sizes(paged):
                                           300, 1000, causal=True, alibi_slopes=to(slopes), return_softmax_lse=True)
     assert_close(out, out_ref, torch.bfloat16)
     check_lse(lse, lse_ref.double(), torch.bfloat16)
+
+
+def test_vllm_host_slopes_are_copied_once_per_version():
+    """vLLM keeps its slopes as a host tensor: the compat call copies them to q's device once per
+    tensor and version (a graph replay must not copy from host memory), a changed tensor again."""
+    from triton_xpu_attn.compat.vllm_xpu_kernels import flash_attn_interface as vllm_compat
+
+    slopes = torch.tensor([0.5, 0.25])
+    first = vllm_compat._slopes_on(slopes, DEVICE)
+    assert first.device.type == torch.device(DEVICE).type and torch.equal(first.cpu(), slopes)
+    assert vllm_compat._slopes_on(slopes, DEVICE) is first
+    slopes.mul_(2)
+    again = vllm_compat._slopes_on(slopes, DEVICE)
+    assert torch.equal(again.cpu(), torch.tensor([1.0, 0.5]))

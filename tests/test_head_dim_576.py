@@ -171,7 +171,8 @@ def test_latent_cache_takes_the_mla_kernels(mla_calls, q_lens, causal, four_d, s
     else:
         q_in, call = q, dict(cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=max(q_lens))
     out = poison(torch.empty(q.shape[0], 4, 512, device=DEVICE))
-    got, lse = flash_attn_with_kvcache(q_in.to(DEVICE), cache.to(DEVICE), cache.to(DEVICE)[..., :512],
+    cache_d = cache.to(DEVICE)  # one device copy: V must be a view of K's storage
+    got, lse = flash_attn_with_kvcache(q_in.to(DEVICE), cache_d, cache_d[..., :512],
                                        cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE), causal=causal,
                                        num_splits=splits, return_softmax_lse=True, out=out, **call)
     out_ref, lse_ref = ref.paged_attention(q, cache, cache[..., :512], seqlens, table, cu, causal=causal)
@@ -212,9 +213,10 @@ def test_vllm_mla_call_through_varlen(mla_calls, query_lens, kv_lens):
 
     gen = torch.Generator().manual_seed(len(query_lens))
     q, cache, table, cu, seqlens = _latent_case(gen, query_lens, kv_lens, heads=8, page_size=4)
-    v = cache.to(DEVICE).narrow(-1, 0, 512)
+    cache_d = cache.to(DEVICE)  # one device copy: V must be a view of K's storage
+    v = cache_d.narrow(-1, 0, 512)
     assert v.stride(-1) == 1 and v.stride(-2) == 576 and not v.is_contiguous()
-    got = vllm_varlen(q.to(DEVICE), cache.to(DEVICE), v, max_seqlen_q=max(query_lens), cu_seqlens_q=cu.to(DEVICE),
+    got = vllm_varlen(q.to(DEVICE), cache_d, v, max_seqlen_q=max(query_lens), cu_seqlens_q=cu.to(DEVICE),
                       max_seqlen_k=max(kv_lens), seqused_k=seqlens.to(DEVICE), block_table=table.to(DEVICE),
                       softmax_scale=576**-0.5, causal=False, fa_version=2)
     out_ref, _ = ref.paged_attention(q, cache, cache[..., :512], seqlens, table, cu, softmax_scale=576**-0.5)
@@ -247,7 +249,8 @@ def test_gpu_mla_decode_shapes(heads, page_size, latent):
     q, cache, table, cu, seqlens = _latent_case(gen, (1,) * 4, kv_lens, heads=heads, page_size=page_size,
                                                 dtype=torch.bfloat16)
     v = cache[..., :512] if latent else cache[..., :512].contiguous()
-    c, vd = cache.to(DEVICE), (cache.to(DEVICE)[..., :512] if latent else v.to(DEVICE))
+    c = cache.to(DEVICE)
+    vd = c[..., :512] if latent else v.to(DEVICE)
     got = flash_attn_with_kvcache(q.to(DEVICE), c, vd, cache_seqlens=seqlens.to(DEVICE), page_table=table.to(DEVICE),
                                   cu_seqlens_q=cu.to(DEVICE), max_seqlen_q=1, softmax_scale=576**-0.5)
     out_ref, _ = ref.paged_attention(q, cache, v, seqlens, table, cu, softmax_scale=576**-0.5)

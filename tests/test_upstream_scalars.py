@@ -186,7 +186,7 @@ def test_sgl_mla_prefill_scalar_forms():
 
 def test_vllm_mla_latent_scalar_forms():
     """vllm-xpu-kernels' MLA call (latent cache) with a tensor ``max_seqlen_q``, ``softmax_scale``
-    and an unbounded window as a tensor pair."""
+    and windows as tensor pairs (unbounded, and a bounded one)."""
     t = _mla_inputs()
     cache = t["cache"][:, :, None]
     q = torch.cat([t["q_nope"], t["q_pe"]], dim=-1)
@@ -199,8 +199,13 @@ def test_vllm_mla_latent_scalar_forms():
     expected = call(1, 0.125, None)
     assert torch.equal(call(torch.tensor(1), torch.tensor(0.125), torch.tensor([-1, -1])), expected)
     assert torch.equal(call(np.int64(1), np.float32(0.125), (torch.tensor(-1), torch.tensor(-1))), expected)
-    with pytest.raises(ValueError, match="^window_size is not supported with the MLA latent cache"):
-        call(1, 0.125, WINDOW)
+    # a window keeps the latent layout on the paged kernel (the MLA kernels have none): a tensor
+    # pair gives the result of the same window as ints, over a copy of V
+    windowed = call(1, 0.125, WINDOW)
+    copy = vllm_flash_attn.flash_attn_varlen_func(q, cache, cache[..., :MLA_R].clone(), 1, t["cu_q"], 11,
+                                                  seqused_k=t["lens"], block_table=t["page_table"],
+                                                  softmax_scale=0.125, window_size=(LEFT, RIGHT))
+    torch.testing.assert_close(windowed, copy, rtol=1e-5, atol=1e-5)  # V read through other strides
 
 
 #: (argument, a form that is still refused, exception, the message's start)

@@ -68,11 +68,13 @@ def vl():
 def ops_run(monkeypatch):
     """Names of our ops the engine reached (wrapping the package functions compat calls)."""
     import triton_xpu_attn
-    from triton_xpu_attn.ops import kv_cache_gather, kv_cache_store
+    from triton_xpu_attn.ops import kv_cache_gather, kv_cache_store, paged_latent
 
     ran = []
     for module, names in (
         (triton_xpu_attn, ("flash_attn_with_kvcache", "flash_attn_varlen_func", "flash_mla_decode", "flash_mla_prefill")),
+        # flash_attn_with_kvcache's latent route (vLLM's MLA layout) onto the MLA kernels
+        (paged_latent, ("flash_mla_decode", "flash_mla_prefill")),
         (kv_cache_store, ("reshape_and_cache_flash", "concat_and_cache_mla")),
         (kv_cache_gather, ("gather_and_maybe_dequant_cache",)),
     ):
@@ -429,7 +431,8 @@ def test_mla_decode(vl, ops_run):
     out = sc.decode()
     assert out.shape == (3, sc.h, R)
     assert_close(out.cpu(), sc.decode_reference(), DTYPE)
-    assert ops_run == ["concat_and_cache_mla"] * 2 + ["flash_mla_decode"], ops_run
+    # flash_attn_with_kvcache takes vLLM's latent layout onto the MLA decode kernel
+    assert ops_run == ["concat_and_cache_mla"] * 2 + ["flash_attn_with_kvcache", "flash_mla_decode"], ops_run
 
 
 def test_mla_writes_the_cache(vl):

@@ -17,6 +17,20 @@ import triton_xpu_attn as _root
 
 __all__ = ["flash_attn_varlen_func"]
 
+#: device copies of host slope tensors: (id, version, device) -> (the host tensor, its copy)
+_SLOPES: dict = {}
+
+
+def _slopes_on(slopes: torch.Tensor, device) -> torch.Tensor:
+    """``slopes`` on ``device``. vLLM's FlashAttentionImpl keeps its ALiBi slopes as a host tensor
+    (vllm-xpu-kernels never reads them): copied once per tensor and version, so later calls (graph
+    capture included) reuse the copy instead of copying from host memory again."""
+    key = (id(slopes), slopes._version, str(device))
+    hit = _SLOPES.get(key)
+    if hit is None or hit[0] is not slopes:
+        hit = _SLOPES[key] = (slopes, slopes.to(device))
+    return hit[1]
+
 
 def flash_attn_varlen_func(
     q,
@@ -67,8 +81,9 @@ def flash_attn_varlen_func(
     host_kv_lens : sequence of int or torch.Tensor, optional
         Key lengths on the host; used as ``seqused_k`` when that is not given.
     softmax_scale, causal, softcap, alibi_slopes : as in :func:`triton_xpu_attn.flash_attn_with_kvcache`
-        (``softcap`` None means 0; ``alibi_slopes`` ``[Hq]`` or ``[B, Hq]`` float32; with the MLA
-        latent cache they keep the call on the paged kernel).
+        (``softcap`` None means 0; ``alibi_slopes`` ``[Hq]`` or ``[B, Hq]`` float32, a host tensor
+        copied to q's device once, as vLLM passes them; with the MLA latent cache they keep the call
+        on the paged kernel).
     window_size : (int, int) or None
         Inclusive ``(left, right)``; None means ``(-1, -1)``.
     block_table : torch.Tensor, optional
@@ -113,6 +128,8 @@ def flash_attn_varlen_func(
     splits = num_splits if num_splits_kv is None else num_splits_kv
     if seqused_k is None and host_kv_lens is not None:
         seqused_k = torch.as_tensor(host_kv_lens, dtype=torch.int32).to(q.device, non_blocking=True)
+    if isinstance(alibi_slopes, torch.Tensor) and isinstance(q, torch.Tensor) and alibi_slopes.device != q.device:
+        alibi_slopes = _slopes_on(alibi_slopes, q.device)
 
     if block_table is None:
         if cu_seqlens_k is None:
