@@ -34,9 +34,11 @@ per tile, with the output channels split over ``BLOCK_DV``-wide slices, one prog
 repeats the score dot: the Intel tiles, where a ``16 x 512`` fp32 accumulator beside a
 ``16 x 576`` K tile would spill). Configs come from ``tune.lookup("mla_sparse", ...)`` (bucket
 fields ``h`` = query heads per KV head rounded up to a power of two in 16..128, ``d`` = d_qk,
-``dtype``); no file has tuned them yet and nothing has been timed: the built-in tiles are the
-largest that compile without spilling (Intel: native code through ocloc; NVIDIA: sm_90 through
-ptxas), tuning pending GPU time.
+``dtype``; the decode adds ``cache``). The H100's file holds tiles timed there (2026-11-28:
+64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles below, a ``waves`` count of
+programs per SM for the decode's splits); elsewhere the built-in tiles are the largest that
+compile without spilling (Intel: native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x
+slower than the H100's on the H100.
 """
 from __future__ import annotations
 
@@ -463,9 +465,9 @@ _register_compile_variants()
 
 
 def _heuristic_config(group: int, dtype: torch.dtype, cache: str | None = None) -> dict:
-    """Built-in tiles (no tuned file covers ``mla_sparse`` / ``mla_sparse_decode`` yet).
-    ``SCORE_CHUNK`` 0 = the score dot in two held pieces, ``BLOCK_DV`` 0 = all output channels in one
-    program. ``cache``: the decode's cache layout (None: prefill)."""
+    """Built-in tiles, where no config file covers ``mla_sparse`` / ``mla_sparse_decode`` (the H100's does)."""
+    # ``SCORE_CHUNK`` 0 = the score dot in two held pieces, ``BLOCK_DV`` 0 = all output channels in
+    # one program. ``cache``: the decode's cache layout (None: prefill).
     backend = _device.backend()
     if backend == "interpreter":
         return dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1)
@@ -475,8 +477,9 @@ def _heuristic_config(group: int, dtype: torch.dtype, cache: str | None = None) 
         # registers on 16 warps (8 spill 0.4-1.9 KB with the extra cache; ocloc, pvc and bmg)
         fp8 = cache is not None and cache != "plain"
         return dict(_XPU_TILES_CONSTEXPRS, num_warps=16 if fp8 else 8, num_stages=1, grf_mode="256")
-    # NVIDIA: not yet timed (tuning is pending GPU time); the largest tiles that compile without
-    # spilling for sm_90 at d_qk 576 / d_v 512 (ptxas through Triton 3.9, no GPU run): 16 or 32 heads
+    # NVIDIA without a config file: the largest tiles that compile without spilling for sm_90 at
+    # d_qk 576 / d_v 512 (ptxas through Triton 3.9; on the H100 its file's tiles ran 1.8-3x faster
+    # although they spill): 16 or 32 heads
     # x 32 entries on 8 warps, 198 / 254 registers. 64-head tiles spill 0.7-1.4 KB a thread there
     # (the 64 x 512 fp32 accumulator), as do 64-entry tiles (184-992 B)
     if dtype == torch.float32:
