@@ -26,7 +26,6 @@ On a machine without a GPU, one tiny case runs through the Triton interpreter as
 """
 from __future__ import annotations
 
-import math
 import pathlib
 import sys
 
