@@ -93,6 +93,20 @@ def test_resident_programs_unknown_off_cuda():
     assert _device.resident_programs(compile_kernel, DEVICE) is None
 
 
+def test_cuda_fp8_follows_the_compute_capability(monkeypatch):
+    """fp8 e4m3 arithmetic only on NVIDIA sm_89+: never under the interpreter or on XPU."""
+    if _device.backend() == "cuda":
+        props = torch.cuda.get_device_properties(DEVICE)
+        assert _device.cuda_fp8(DEVICE) == ((props.major, props.minor) >= (8, 9))
+        return
+    assert not _device.cuda_fp8(DEVICE)
+    monkeypatch.setattr(_device, "backend", lambda: "cuda")
+    for major, minor, expected in ((8, 0, False), (8, 9, True), (9, 0, True)):
+        monkeypatch.setattr(_device, "_properties", lambda kind, index, m=(major, minor): types.SimpleNamespace(
+            major=m[0], minor=m[1]))
+        assert _device.cuda_fp8(0) is expected
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET, reason="compiled kernels only")
 def test_resident_programs_of_a_compiled_paged_kernel():

@@ -185,6 +185,16 @@ def tensor_descriptors(device: torch.device | str | int | None = None) -> bool:
     return True
 
 
+def cuda_fp8(device: torch.device | str | int | None = None) -> bool:
+    """Whether kernels on ``device`` may use the GPU's own fp8 e4m3 arithmetic: its conversions and
+    fp8 tensor-core dots (NVIDIA, compute capability >= 8.9). Intel GPUs have none (PVC/BMG: no
+    fp8 DPAS), nor the interpreter."""
+    if backend() != "cuda":
+        return False
+    props = _properties("cuda", _index(device))
+    return (props.major, props.minor) >= (8, 9)
+
+
 def tensor_descriptor(tensor: torch.Tensor, shape: list, strides: list, block_shape: list):
     """A host tensor descriptor of ``tensor``'s memory seen with ``shape``/``strides`` (elements),
     loaded in ``block_shape`` tiles; out-of-bounds elements read as 0."""

@@ -539,11 +539,6 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
                 programs_per_token=programs_per_token)
 
 
-def _hardware_e4m3(device) -> bool:
-    """Whether kernels may convert e4m3 bytes with the GPU's own instructions (NVIDIA sm_89+)."""
-    return _device.backend() == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 def _offset_from(base: torch.Tensor, other: torch.Tensor) -> int:
     """Where ``other``'s data starts, in elements of ``base`` from ``base``'s (the kernel addresses
     both caches from one pointer); a host-side value (no sync)."""
@@ -588,6 +583,6 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             HAS_EXTRA_TOPK_LENGTH=x_lengths is not None, HAS_SINK=attn_sink is not None and not split,
             SPLIT=split, WRITE_MAX=max_logits is not None,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            FP8_CVT=layout != LAYOUT_PLAIN and _hardware_e4m3(device),
+            FP8_CVT=layout != LAYOUT_PLAIN and _device.cuda_fp8(device),
             **tune.launch_options(tiles["config"]),
         )

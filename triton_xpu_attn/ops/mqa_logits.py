@@ -294,7 +294,7 @@ def _dot_kind(device: torch.device) -> str:
     backend = _device.backend()
     if backend == "interpreter":
         return "fp32"
-    if backend == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+    if _device.cuda_fp8(device):
         return "fp8"
     return "bf16"
 
