@@ -400,6 +400,11 @@ def test_split_plan():
     assert decode_mod._splits(200, 2048, 32, 132, 0, waves=1) == (1, 32)
     assert decode_mod._splits(100, 2048, 32, 132, 0)[0] == 2  # 200 programs: within 2 x 132
     assert decode_mod._splits(64, 2048, 32, 132, 0, waves=1)[0] == 2  # 128 programs, not 192
+    # a config's min_split_tokens: the shortest split (640 entries: 3 of >= 256; of 64-entry tiles, 5 of 128 within 132 programs or 10 of 64)
+    assert decode_mod._splits(16, 640, 64, 132, 0, waves=1)[0] == 3
+    assert decode_mod._splits(16, 640, 64, 132, 0, waves=1, min_entries=64) == (5, 128)  # whole tiles
+    assert decode_mod._splits(1, 640, 64, 132, 0, waves=1, min_entries=64) == (10, 64)
+    assert decode_mod._splits(1, 640, 64, 132, 0, waves=1, min_entries=16) == (10, 64)
     assert decode_mod._splits(16, 2048, 32, 132, 0, waves=1)[0] == 8
 
 

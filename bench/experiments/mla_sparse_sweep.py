@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1|2] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1|2|3] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -42,6 +42,9 @@ CASES = {
     "decode128b8": ("decode", dict(B=8, q_len=2, h=128)),
     "decode16b32": ("decode", dict(B=32, q_len=2, h=16)),
     "v4b8": ("v4", dict(B=8, q_len=2)),
+    "prefill16l": ("prefill", dict(s_q=1024, h=16, s_kv=131072)),
+    "decode16b128q2": ("decode", dict(B=128, q_len=2, h=16)),
+    "v4b32q2": ("v4", dict(B=32, q_len=2)),
 }
 #: the second round's cases (``--round 2``): the first round's best tiles around the other head counts
 ROUND2 = "prefill64,prefill32,decode128b128,decode128b8,decode16b32,decode128,v4b8,v4b32,v4b128"
@@ -69,24 +72,43 @@ PLAIN2 = [cfg(64, 32, 8, 3), cfg(64, 32, 8, 2), cfg(32, 32, 8, 2), cfg(32, 64, 4
 FP8_2 = [cfg(64, 64, 8, 1), cfg(64, 64, 8, 2), cfg(64, 32, 8, 1), cfg(64, 64, 4, 1), cfg(64, 128, 8, 1),
          cfg(64, 64, 8, 1, splits=1), cfg(64, 64, 8, 1, splits=2), cfg(64, 64, 8, 1, splits=4),
          cfg(64, 64, 8, 1, splits=8)]
+#: the third round (``--round 3``): the rows under 2x vLLM after round 2, deeper pipelines
+#: (index loads one stage ahead of their gathers) and the split count's target (``waves``)
+H16_3 = [cfg(16, 32, 8, 2), cfg(16, 32, 8, 3), cfg(16, 32, 8, 4), cfg(16, 64, 4, 2), cfg(16, 64, 4, 3),
+         cfg(16, 64, 4, 4), cfg(16, 32, 4, 3), cfg(16, 32, 4, 4), cfg(16, 16, 4, 4), cfg(16, 64, 8, 3)]
+ROUND3 = {
+    "prefill16l": H16_3,
+    "decode16": H16_3 + [dict(c, waves=w) for c in (cfg(16, 32, 8, 3), cfg(16, 64, 4, 3)) for w in (1, 2, 8)],
+    "decode16b128q2": H16_3 + [dict(cfg(16, 32, 8, 3), waves=w) for w in (1, 2, 8)],
+    "decode16b32": H16_3 + [dict(c, waves=w) for c in (cfg(16, 32, 8, 3), cfg(16, 64, 4, 3)) for w in (1, 2, 8)],
+    "decode128": [cfg(64, 32, 8, 3), cfg(64, 32, 8, 4), cfg(64, 16, 8, 4), cfg(64, 32, 8, 3, splits=2)]
+    + [dict(cfg(64, 32, 8, 3), waves=w) for w in (2, 4)],
+    "decode128b8": [cfg(64, 32, 8, 3), cfg(64, 32, 8, 4), cfg(64, 16, 8, 4), cfg(64, 32, 8, 3, splits=8)]
+    + [dict(cfg(64, 32, 8, 3), waves=w) for w in (2, 4)],
+    "v4b32q2": [cfg(64, 64, 8, 1), cfg(64, 32, 8, 1), cfg(64, 16, 8, 1), cfg(64, 64, 8, 1, splits=2),
+                cfg(64, 64, 8, 1, splits=4), cfg(64, 32, 8, 1, splits=4)] + [dict(cfg(64, 64, 8, 1), waves=w) for w in (2, 4)],
+    "v4b8": [cfg(64, 64, 8, 1), cfg(64, 32, 8, 1, splits=8), cfg(64, 16, 8, 1, splits=8), cfg(64, 64, 8, 1, splits=10)],
+}
 ROUND = 1
 
 
-def build(kind, p, dev):
+def build(kind, p, dev, mod=tx):
+    """``(op, fn)``: the case's op name and a call of ``mod``'s op on fixed inputs (``mod``: this
+    package, or another tree's, for ab_mla_sparse.py)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
     if kind == "prefill":
         q = torch.randn(p["s_q"], p["h"], D_QK, device=dev, generator=gen, dtype=dt)
         kv = torch.randn(p["s_kv"], 1, D_QK, device=dev, generator=gen, dtype=dt)
         idx = torch.cat([distinct_indices(256, TOPK, p["s_kv"], dev, gen)] * (p["s_q"] // 256))[:, None]
-        return "mla_sparse", lambda: tx.flash_mla_sparse_fwd(q, kv, idx, D_QK**-0.5, D_V)[0]
+        return "mla_sparse", lambda: mod.flash_mla_sparse_fwd(q, kv, idx, D_QK**-0.5, D_V)[0]
     if kind == "decode":
         B, q_len, h, share, page = p["B"], p["q_len"], p["h"], 16384, 64
         cache = torch.randn(B * share // page, page, 1, D_QK, device=dev, generator=gen, dtype=dt)
         base = (torch.arange(B, device=dev) * share).repeat_interleave(q_len)
         idx = distinct_indices(B * q_len, TOPK, share, dev, gen, base).view(B, q_len, TOPK)
         q = torch.randn(B, q_len, h, D_QK, device=dev, generator=gen, dtype=dt)
-        return "mla_sparse_decode", lambda: tx.flash_mla_with_kvcache(q, cache, None, None, D_V, None, None,
+        return "mla_sparse_decode", lambda: mod.flash_mla_with_kvcache(q, cache, None, None, D_V, None, None,
                                                                       D_QK**-0.5, indices=idx)[0]
     B, q_len = p["B"], p["q_len"]
     T = B * q_len
@@ -96,11 +118,13 @@ def build(kind, p, dev):
     idx = distinct_indices(T, V4_TOPK, main_pool, dev, gen).view(B, q_len, -1)
     x_idx = distinct_indices(T, V4_X_TOPK, x_pool, dev, gen).view(B, q_len, -1)
     q = torch.randn(B, q_len, V4_HEADS, D_V4, device=dev, generator=gen, dtype=dt)
-    return "mla_sparse_decode", lambda: tx.flash_mla_with_kvcache(q, cache, None, None, D_V4, None, None,
+    return "mla_sparse_decode", lambda: mod.flash_mla_with_kvcache(q, cache, None, None, D_V4, None, None,
                                                                   D_V4**-0.5, False, True, idx, None, x_cache, x_idx)[0]
 
 
 def configs_for(name):
+    if ROUND == 3:
+        return ROUND3[name]
     if ROUND == 2:
         return FP8_2 if CASES[name][0] == "v4" else PLAIN2
     return FP8 if CASES[name][0] == "v4" else PLAIN
@@ -128,13 +152,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases)")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3: ROUND3")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
     ROUND = args.round
     if args.cases is None:
-        args.cases = ROUND2 if ROUND == 2 else "prefill128,prefill16,decode128,decode16,v4b32,v4b128"
+        args.cases = {2: ROUND2, 3: ",".join(ROUND3)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
     if args.child:
         child(json.loads(args.child))
         return 0

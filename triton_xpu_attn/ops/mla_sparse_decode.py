@@ -149,10 +149,11 @@ _PROGRAMS_PER_UNIT = 2
 
 
 def _splits(programs: int, entries: int, block_n: int, compute_units: int, forced: int,
-            waves: int = _PROGRAMS_PER_UNIT) -> tuple[int, int]:
+            waves: int = _PROGRAMS_PER_UNIT, min_entries: int = _MIN_SPLIT_ENTRIES) -> tuple[int, int]:
     """``(splits, split_len)``: as many splits as keep the grid within ``waves`` programs per
-    compute unit (a config's ``waves``; heavy tiles want fewer), each at least ``_MIN_SPLIT_ENTRIES``
-    entries (a multiple of ``block_n``); ``forced`` > 0: that many (a config's ``SPLITS``)."""
+    compute unit (a config's ``waves``; heavy tiles want fewer), each at least ``min_entries``
+    entries (a config's ``min_split_tokens``; rounded to a multiple of ``block_n``); ``forced`` > 0:
+    that many (a config's ``SPLITS``)."""
     if entries <= 0:
         return 1, block_n
     if forced > 0:
@@ -161,7 +162,7 @@ def _splits(programs: int, entries: int, block_n: int, compute_units: int, force
         return 1, block_n
     else:
         # whole waves: at most waves x units programs (a partial extra wave costs a whole one)
-        want = min(max(1, waves * compute_units // max(programs, 1)), cdiv(entries, _MIN_SPLIT_ENTRIES))
+        want = min(max(1, waves * compute_units // max(programs, 1)), cdiv(entries, max(min_entries, block_n)))
     want = max(1, min(want, MAX_SPLITS, cdiv(entries, block_n)))
     split_len = cdiv(cdiv(entries, want), block_n) * block_n
     return cdiv(entries, split_len), split_len
@@ -430,7 +431,8 @@ def flash_mla_with_kvcache(
     programs = tokens * tiles["programs_per_token"]
     splits, split_len = _splits(programs, topk + x_topk, tiles["BLOCK_N"], compute_units,
                                 int(tiles["config"].get("SPLITS", 0) or 0),
-                                int(tiles["config"].get("waves", _PROGRAMS_PER_UNIT)))
+                                int(tiles["config"].get("waves", _PROGRAMS_PER_UNIT)),
+                                int(tiles["config"].get("min_split_tokens", _MIN_SPLIT_ENTRIES)))
     common = dict(
         grid=(tokens, tiles["programs_per_token"], splits), device=device,
         q=q, q_strides=(q.stride(0), q.stride(1), q.stride(2)),
