@@ -160,6 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", default="decode,prefill", help="comma-separated: decode, prefill")
     parser.add_argument("--no-graph", action="store_true", help="eager times only")
     parser.add_argument("--time-budget", type=float, default=None, help="start no new case after this many seconds")
+    parser.add_argument("--batches", default=None, help="comma-separated: only these decode batch sizes B")
     args = parser.parse_args(argv)
     common.set_time_budget(args.time_budget)
     ops = [o for o in args.ops.split(",") if o]
@@ -178,7 +179,8 @@ def main(argv=None) -> int:
     else:
         kinds = set(args.kinds.split(","))
         cases = [lambda B=B, n=n, L=L: decode_case(B, n, L, device, gen)
-                 for B in DECODE_B for n in DECODE_NEXT_N for L in DECODE_L] if "decode" in kinds else []
+                 for B in DECODE_B for n in DECODE_NEXT_N for L in DECODE_L
+                 if not args.batches or str(B) in args.batches.split(",")] if "decode" in kinds else []
         cases += [lambda r=r, p=p: prefill_case(r, p, device, gen) for r, p in PREFILL] if "prefill" in kinds else []
 
     print(common.header())

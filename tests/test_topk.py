@@ -609,3 +609,15 @@ def test_gpu_graph_replay_without_host_sync():
     graph.replay()
     expected = ref.topk_transform_page_table(score, lengths, table, cu, 2048)
     assert torch.equal(out.cpu().long(), expected)
+
+
+def test_many_row_one_shot_launches_take_four_warps(monkeypatch):
+    """CUDA: a one-shot selection of at least MANY_ROWS_PER_UNIT rows per unit runs on 4 warps;
+    fewer rows, and other backends, keep the per-block warp count."""
+    monkeypatch.setattr(select_mod._device, "compute_units", lambda device=None: 132)
+    many = select_mod.MANY_ROWS_PER_UNIT * 132
+    for backend, expect_many in (("cuda", 4), ("xpu", select_mod._options(8192, "xpu")["num_warps"])):
+        monkeypatch.setattr(select_mod._device, "backend", lambda b=backend: b)
+        assert select_mod._launch_options(8192, many)["num_warps"] == expect_many
+        assert select_mod._launch_options(8192, many - 1)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
+        assert select_mod._launch_options(8192)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
