@@ -36,7 +36,8 @@ repeats the score dot: the Intel tiles, where a ``16 x 512`` fp32 accumulator be
 fields ``h`` = query heads per KV head rounded up to a power of two in 16..128, ``d`` = d_qk,
 ``dtype``; the decode adds ``cache``). The H100's file holds tiles timed there (2026-11-28:
 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles below, a ``waves`` count of
-programs per SM for the decode's splits); elsewhere the built-in tiles are the largest that
+programs per SM for the decode's splits and a ``min_split_tokens`` floor on a split's entries);
+elsewhere the built-in tiles are the largest that
 compile without spilling (Intel: native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x
 slower than the H100's on the H100.
 """
