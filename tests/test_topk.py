@@ -621,3 +621,98 @@ def test_many_row_one_shot_launches_take_four_warps(monkeypatch):
         assert select_mod._launch_options(8192, many)["num_warps"] == expect_many
         assert select_mod._launch_options(8192, many - 1)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
         assert select_mod._launch_options(8192)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
+# ---------------------------------------------------------------------------------------------
+# vLLM's torch.ops._C.top_k_per_row_prefill / _decode (vllm-xpu-kernels' schemas, compat _C)
+# ---------------------------------------------------------------------------------------------
+
+
+def _vllm_ops():
+    import importlib
+
+    importlib.import_module("triton_xpu_attn.compat.vllm_xpu_kernels._C")
+    return torch.ops._C
+
+
+def _in_wide_buffer(rows: int, topk: int):
+    """``[rows, topk]`` output as vLLM passes it: ``topk_indices_buffer[:rows, :topk]`` of a wider buffer."""
+    buf = torch.full((rows + 2, topk + 3), SENTINEL, dtype=torch.int32, device=DEVICE)
+    return buf, buf[:rows, :topk]
+
+
+def _untouched_outside(buf, rows: int, topk: int) -> bool:
+    keep = torch.ones_like(buf, dtype=torch.bool)
+    keep[:rows, :topk] = False
+    return bool((buf[keep] == SENTINEL).all())
+
+
+def test_vllm_top_k_per_row_schemas():
+    ops = _vllm_ops()
+    assert str(ops.top_k_per_row_prefill.default._schema).replace("SymInt", "int") == (
+        "_C::top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, Tensor(a3!) indices, "
+        "int numRows, int stride0, int stride1, int topK) -> ()")
+    assert str(ops.top_k_per_row_decode.default._schema).replace("SymInt", "int") == (
+        "_C::top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, Tensor(a3!) indices, "
+        "int numRows, int stride0, int stride1, int topK) -> ()")
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "specials"])
+def test_vllm_top_k_per_row_prefill(kind):
+    """Row ``r`` selects among ``logits[r, rowStarts[r] : rowEnds[r]]``, positions relative to
+    ``rowStarts[r]`` (the prefill indexer's request-local positions): the reference selection,
+    rows of ``topK`` or fewer positions included (one empty); nothing outside ``indices`` written."""
+    gen = torch.Generator().manual_seed(11)
+    rows, width, topk = 5, 70, 8
+    score = make_scores(gen, rows, width, kind)
+    starts, ends = _i32([0, 10, 20, 62, 3]), _i32([70, 15, 50, 70, 3])
+    buf, out = _in_wide_buffer(rows, topk)
+    assert _vllm_ops().top_k_per_row_prefill(score, starts, ends, out, rows, *score.stride(), topk) is None
+    expected = ref.topk_select(score, ends - starts, topk, row_starts=starts)
+    assert torch.equal(out.cpu().long(), expected) and _untouched_outside(buf, rows, topk)
+
+
+@pytest.mark.parametrize("next_n, form", [(1, "1d"), (1, "column"), (2, "1d"), (2, "column"), (2, "per_row")])
+def test_vllm_top_k_per_row_decode(next_n, form):
+    """Decode row ``r`` selects among its first ``seq_lens[r // next_n] - next_n + r % next_n + 1``
+    columns (``[B]`` or ``[B, 1]`` lengths); a ``[B, next_n]`` ``seq_lens`` holds each row's own
+    length (vLLM's native-MTP form)."""
+    gen = torch.Generator().manual_seed(12)
+    batch, width, topk = 3, 60, 6
+    rows = batch * next_n
+    score = make_scores(gen, rows, width, "randn")
+    lens = torch.tensor([60, 4, 33])
+    row = torch.arange(rows)
+    per_row = lens.repeat_interleave(next_n) - next_n + row % next_n + 1
+    seq_lens = {"1d": lens, "column": lens[:, None], "per_row": per_row.view(batch, next_n)}[form]
+    buf, out = _in_wide_buffer(rows, topk)
+    _vllm_ops().top_k_per_row_decode(score, next_n, seq_lens.int().to(DEVICE), out, rows, *score.stride(), topk)
+    assert torch.equal(out.cpu().long(), ref.topk_select(score, per_row, topk)) and _untouched_outside(buf, rows, topk)
+
+
+def test_vllm_top_k_per_row_bad_input_names_the_argument():
+    ops = _vllm_ops()
+    score, out = torch.randn(4, 20, device=DEVICE), torch.zeros(4, 5, dtype=torch.int32, device=DEVICE)
+    starts, ends = _i32([0] * 4), _i32([20] * 4)
+    with pytest.raises(ValueError, match="^numRows"):
+        ops.top_k_per_row_prefill(score, starts, ends, out, 3, 20, 1, 5)
+    with pytest.raises(ValueError, match="^stride0, stride1"):
+        ops.top_k_per_row_prefill(score, starts, ends, out, 4, 21, 1, 5)
+    with pytest.raises(ValueError, match="^indices"):
+        ops.top_k_per_row_prefill(score, starts, ends, out, 4, 20, 1, 6)
+    with pytest.raises(ValueError, match="^rowStarts"):
+        ops.top_k_per_row_prefill(score, starts[:3], ends, out, 4, 20, 1, 5)
+    with pytest.raises(ValueError, match="^next_n"):
+        ops.top_k_per_row_decode(score, 3, _i32([5]), out, 4, 20, 1, 5)
+    with pytest.raises(ValueError, match="^seq_lens"):
+        ops.top_k_per_row_decode(score, 2, _i32([5, 6, 7]), out, 4, 20, 1, 5)
+    with pytest.raises(ValueError, match="^topk"):
+        ops.top_k_per_row_decode(score, 1, _i32([5, 6, 7, 8]), out[:, :0], 4, 20, 1, 0)
+
+
+@pytest.mark.parametrize("name", ["top_k_per_row_prefill", "top_k_per_row_decode"])
+def test_vllm_top_k_per_row_opcheck(name):
+    score = torch.randn(4, 40, device=DEVICE)
+    out = torch.zeros(4, 8, dtype=torch.int32, device=DEVICE)
+    args = {"top_k_per_row_prefill": (score, _i32([0, 2, 5, 0]), _i32([40, 9, 30, 40]), out, 4, 40, 1, 8),
+            "top_k_per_row_decode": (score, 2, _i32([40, 25]), out, 4, 40, 1, 8)}[name]
+    result = torch.library.opcheck(getattr(_vllm_ops(), name), args)
+    assert all(v == "SUCCESS" for v in result.values()), result

@@ -7,7 +7,8 @@ What vLLM imports (vllm ``_xpu_ops.py``, ``platforms/xpu.py``, ``device_allocato
 - ``flash_attn_interface.flash_attn_varlen_func``: every attention layer (paged through
   ``block_table``, MLA with head dim 576, ragged prefill). Served by our ops.
 - ``_C``, ``_moe_C``, ``_xpu_C``: extension modules imported for their side effect of registering
-  ``torch.ops`` kernels; here ``_C`` registers ``torch.ops._C.merge_attn_states`` and the KV-cache
+  ``torch.ops`` kernels; here ``_C`` registers ``torch.ops._C.merge_attn_states``, the DSA indexer's
+  top-k (``top_k_per_row_prefill`` / ``top_k_per_row_decode``) and the KV-cache
   ops of ``torch.ops._C_cache_ops`` (``reshape_and_cache``, ``reshape_and_cache_flash``,
   ``concat_and_cache_mla``, ``gather_cache`` / ``cp_gather_cache``, ``gather_and_maybe_dequant_cache``,
   ``indexer_k_quant_and_cache``, ``cp_gather_indexer_k_quant_cache``), ``_xpu_C`` the DSA indexer
