@@ -1,25 +1,41 @@
 """vLLM 0.33.0's own XPU attention code (the PyPI wheel's Python files, unedited) running on
 triton_xpu_attn through ``triton_xpu_attn.compat.install()`` as ``vllm_xpu_kernels``: the XPU
 platform's backend selection, ``FlashAttentionBackend`` (``FlashAttentionMetadataBuilder.build``,
-``FlashAttentionImpl.do_kv_cache_update`` -> ``reshape_and_cache_flash``, ``FlashAttentionImpl.forward``)
-and ``XPUFlashAttnMLABackend`` (``XPUFlashAttnMLAMetadataBuilder.build``, ``do_kv_cache_update`` ->
+``FlashAttentionImpl.do_kv_cache_update`` -> ``reshape_and_cache_flash``, ``FlashAttentionImpl.forward``),
+``XPUFlashAttnMLABackend`` (``XPUFlashAttnMLAMetadataBuilder.build``, ``do_kv_cache_update`` ->
 ``concat_and_cache_mla``, ``forward_mqa`` decode over the 576/512 latent cache, ``forward_mha``
-prefill with context chunks gathered by ``gather_and_maybe_dequant_cache`` and merged), against the
-float64 reference over each request's logical token sequence (NaN in every cache slot no request
-owns, outputs NaN-filled first). A spy records which of our ops ran.
+prefill with context chunks gathered by ``gather_and_maybe_dequant_cache`` and merged) and DeepSeek
+sparse attention: the DSA indexer (``DeepseekV32IndexerMetadataBuilder.build``,
+``SparseAttnIndexer.forward_xpu`` -> ``torch.ops.vllm.sparse_attn_indexer``: ``indexer_k_quant_and_cache``,
+``cp_gather_indexer_k_quant_cache``, ``torch.ops.vllm.xpu_fp8_mqa_logits`` /
+``xpu_fp8_paged_mqa_logits`` -> ``_xpu_C.fp8_mqa_logits`` / ``fp8_paged_mqa_logits``,
+``_C.top_k_per_row_prefill`` / ``_decode``) and ``XPU_MLA_SPARSE`` (``XPUMLASparseMetadataBuilder.build``,
+``do_kv_cache_update`` -> ``concat_and_cache_mla``, ``forward_mqa`` over the indexer's top-k). Outputs
+against the float64 reference over each request's logical token sequence (NaN in every cache slot
+no request owns, outputs NaN-filled first); the indexer's top-k against float64 logits over its
+cache dequantised from the bytes, as sets per row (ties within rounding either way). A spy records
+which of our ops ran.
 
 Driven: FlashAttention decode, chunked prefill (prefix + new tokens), a mixed batch, sliding window,
 sinks (``s_aux``), softcap, ALiBi slopes, fp8 KV (e4m3, uint8 cache) with k/v scales, both physical cache layouts,
 encoder self-attention without paging (with and without a window); XPUFlashAttnMLA decode, prefill
 with and without context (a context split into two chunks, one continuation, one request without
-context) and a mixed decode + prefill batch.
+context) and a mixed decode + prefill batch; the DSA indexer and XPU_MLA_SPARSE on decode, prefill
+with context (one indexer chunk of several requests) and a mixed batch, rows longer and shorter than
+``index_topk``; the indexer's prefill split into per-request, one-row chunks that reuse a gathered
+request (``skip_kv_gather``); the indexer cache's bytes.
 
-Not driven, and why: the sparse MLA backend
-(``XPU_MLA_SPARSE``: its attention is vLLM's own Triton kernel, vllm/v1/attention/ops/xpu_mla_sparse.py,
-and its indexer needs DeepSeek-V3.2's ``Indexer`` layer: skipped with that reason); fp8 MLA caches
-(vLLM's ``XPUFlashAttnMLAImpl`` raises ``NotImplementedError`` for them); DCP (the XPU MLA
-backend refuses it; FlashAttention's needs a process group); graph capture; fp8 queries (the XPU
-backend never quantises queries: ``flash_attn_supports_quant_query_input`` is False there).
+Not driven, and why: DeepSeek-V3.2's ``Indexer`` layer (projections, norm, rope, the fp8 query
+quantisation: model code, its file's import chain reaches the weight loaders): the tests give
+``SparseAttnIndexer`` the fp8 queries, keys and folded weights that layer passes; XPU_MLA_SPARSE's
+attention is vLLM's own Triton kernel (vllm/v1/attention/ops/xpu_mla_sparse.py), as on XPU; an
+indexer prefill split by the gather workspace (more than 16 x ``max_model_len`` context rows);
+speculative decode (``next_n > 1``: the compat top-k's forms are tested in tests/test_topk.py);
+the CUDA/ROCm-only indexer paths (mxfp4 cache, DCP/PCP merges, TP row sharding, candidate blocks);
+fp8 MLA caches (vLLM's ``XPUFlashAttnMLAImpl`` and ``XPUMLASparseImpl`` raise
+``NotImplementedError`` for them); DCP (the XPU MLA backend refuses it; FlashAttention's needs a
+process group); graph capture; fp8 queries (the XPU backend never quantises queries:
+``flash_attn_supports_quant_query_input`` is False there).
 On XPU vLLM merges context chunks with its own Triton ``merge_attn_states``
 (vllm/v1/attention/ops/triton_merge_attn_states.py), not ``torch.ops._C.merge_attn_states``; the
 merge runs here as vLLM runs it.
@@ -29,11 +45,14 @@ sets it). Without it these tests skip.
 
 What is real: vLLM's ``XPUPlatform`` (backend selection), ``VllmConfig`` (defaults), the KV-cache
 specs, ``CommonAttentionMetadata``, the metadata builders, the impls, the MLA prefill backend vLLM
-selects on XPU (``FlashAttnPrefillBackend``, through ``get_mla_prefill_backend``), ``vllm._xpu_ops``
-and ``vllm._custom_ops``. Stand-ins: the model config (a class with the fields the builders read),
-the attention layer (a namespace with the q/k/v scales; for MLA the fields the builder reads and the
-prefill backend), ``kv_b_proj`` (a linear module), the platform's two host facts (pinned memory,
-device name), and the stubbed server modules (tests/vllm_harness.py ``STUBS``, each with why).
+selects on XPU (``FlashAttnPrefillBackend``, through ``get_mla_prefill_backend``), ``SparseAttnIndexer``
+and its op, vLLM's forward context and workspace manager, ``vllm._xpu_ops`` and ``vllm._custom_ops``.
+Stand-ins: the model config (a class with the fields the builders read), the attention layer (a
+namespace with the q/k/v scales; for MLA the fields the builder reads and the prefill backend),
+``kv_b_proj`` (a linear module), the indexer's key-cache layer (its ``prefix`` and ``kv_cache``),
+the platform's host facts (pinned memory, device name, compute units, the dispatch key of vLLM's
+ops), ``torch.accelerator.empty_cache`` on a host without an accelerator, and the stubbed server
+modules (tests/vllm_harness.py ``STUBS``, each with why).
 """
 from __future__ import annotations
 
@@ -44,7 +63,7 @@ import pytest
 import torch
 
 import vllm_harness
-from conftest import DEVICE
+from conftest import DEVICE, INTERPRET
 from helpers import assert_close
 from triton_xpu_attn import reference
 
@@ -68,7 +87,7 @@ def vl():
 def ops_run(monkeypatch):
     """Names of our ops the engine reached (wrapping the package functions compat calls)."""
     import triton_xpu_attn
-    from triton_xpu_attn.ops import kv_cache_gather, kv_cache_store, paged_latent
+    from triton_xpu_attn.ops import indexer_cache, kv_cache_gather, kv_cache_store, mqa_logits, paged_latent, topk
 
     ran = []
     for module, names in (
@@ -77,6 +96,10 @@ def ops_run(monkeypatch):
         (paged_latent, ("flash_mla_decode", "flash_mla_prefill")),
         (kv_cache_store, ("reshape_and_cache_flash", "concat_and_cache_mla")),
         (kv_cache_gather, ("gather_and_maybe_dequant_cache",)),
+        # the DSA indexer: its key cache, logits and top-k
+        (indexer_cache, ("indexer_k_quant_and_cache", "cp_gather_indexer_k_quant_cache")),
+        (mqa_logits, ("fp8_mqa_logits", "fp8_paged_mqa_logits")),
+        (topk, ("fast_topk_v2",)),
     ):
         for name in names:
             real = getattr(module, name)
@@ -112,8 +135,8 @@ def _slots(table, b, start, stop):
 
 def test_xpu_platform_selects_these_backends(vl):
     """vLLM's own XPU selection: FlashAttention for fp16/bf16 decoders, FlashAttnMLA for MLA (its
-    configuration check passes), the sparse MLA backend for sparse MLA, Triton for fp32; the
-    resolved classes are the ones driven below."""
+    configuration check passes), XPU_MLA_SPARSE for sparse MLA, Triton for fp32; the resolved
+    classes (and the DSA indexer's backend) are the ones driven below."""
     select = vl.platform.get_attn_backend_cls
     config = vl.selector.AttentionSelectorConfig
     resolve = vl.import_utils.resolve_obj_by_qualname
@@ -123,7 +146,13 @@ def test_xpu_platform_selects_these_backends(vl):
     assert mla is vl.flashattn_mla.XPUFlashAttnMLABackend
     assert mla.get_impl_cls() is vl.flashattn_mla.XPUFlashAttnMLAImpl
     assert mla.get_builder_cls() is vl.flashattn_mla.XPUFlashAttnMLAMetadataBuilder
-    assert "XPU" in select(None, config(576, torch.bfloat16, "auto", BLOCK, use_mla=True, use_sparse=True)).upper()
+    sparse = resolve(select(None, config(576, torch.bfloat16, "auto", BLOCK, use_mla=True, use_sparse=True)))
+    assert sparse is vl.xpu_mla_sparse.XPUMLASparseBackend and sparse.get_name() == "XPU_MLA_SPARSE"
+    assert sparse.get_impl_cls() is vl.xpu_mla_sparse.XPUMLASparseImpl
+    assert sparse.get_builder_cls() is vl.xpu_mla_sparse.XPUMLASparseMetadataBuilder
+    indexer = vl.indexer.DeepseekV32IndexerBackend  # the DSA indexer cache's backend (DeepseekV32IndexerCache)
+    assert indexer.get_builder_cls() is vl.indexer.DeepseekV32IndexerMetadataBuilder
+    assert indexer.get_supported_kernel_block_sizes() == [BLOCK]
     assert "triton_attn" in select(None, config(128, torch.float32, "auto", BLOCK))
     fa = vl.flash_attn.FlashAttentionBackend
     assert fa.supports_head_size(512) and fa.supports_sink() and fa.supports_kv_cache_dtype("fp8")
@@ -480,7 +509,247 @@ def test_mla_mixed_batch(vl, ops_run):
     assert "flash_mla_decode" in ops_run and "gather_and_maybe_dequant_cache" in ops_run
 
 
-def test_mla_sparse_backend():
-    pytest.skip("XPU_MLA_SPARSE (vllm/v1/attention/backends/mla/xpu_mla_sparse.py) attends with vLLM's own Triton "
-                "kernel (vllm/v1/attention/ops/xpu_mla_sparse.py), not a vllm_xpu_kernels call, and its top-k "
-                "indexer needs DeepSeek-V3.2's Indexer layer (weights, fp8 indexer cache): not built by this harness")
+# ---------------------------------------------------------------------------------------------
+# DeepSeek sparse attention: the DSA indexer (SparseAttnIndexer) and XPU_MLA_SPARSE
+
+IDX_HEADS, IDX_D, IDX_QUANT = 4, 128, 128  # indexer heads (DeepSeek-V3.2: 64), its head dim and fp8 quant block
+IDX_ROW = IDX_D + 4 * (IDX_D // IDX_QUANT)  # bytes a cached indexer key takes: fp8 values and one fp32 scale
+TOPK = 128  # index_topk: vLLM's top-k -> cache-slot conversion takes multiples of 128 (DeepSeek-V3.2: 2048)
+IDX_LAYER, MLA_LAYER = "layers.0.indexer.k_cache", "layers.0.attn"
+SENTINEL = -777  # top-k buffer rows beyond the batch: never written
+# ties in the top-k, relative to the logits' size: the interpreter's fp32 logits; Hopper's fp8 tensor-core
+# products accumulate with fewer bits than fp32 (the compiled indexer kernels use fp8 dots there)
+LOGITS_TOL = 1e-5 if INTERPRET else 5e-3
+
+
+class DSAScenario:
+    """One DeepSeek sparse attention step on vLLM's XPU path: ``ctx`` cached tokens (their indexer
+    keys written by earlier steps through vLLM's ``indexer_k_quant_and_cache``, their latents through
+    ``do_kv_cache_update``) and ``new`` tokens per request, decodes first as vLLM orders the batch.
+    vLLM's indexer metadata builder (``DeepseekV32IndexerMetadataBuilder``) and the sparse MLA one
+    (``XPUMLASparseMetadataBuilder``) build the step's metadata from one ``CommonAttentionMetadata``;
+    ``SparseAttnIndexer`` (the op of DeepSeek-V3.2's ``Indexer`` layer) and ``XPUMLASparseImpl``
+    share one top-k buffer, as in the model."""
+
+    def __init__(self, vl, *, ctx, new, num_heads=2, seed=0):
+        self.vl, self.g = vl, torch.Generator().manual_seed(seed)
+        self.ctx, self.new = list(ctx), list(new)
+        self.seq_lens = [c + n for c, n in zip(ctx, new)]
+        self.h, self.total = num_heads, sum(new)
+        self.scale = (NOPE + DR) ** -0.5
+        max_model_len = 256
+        model = vllm_harness.ModelConfig(
+            num_heads=self.h, head_size=R + DR, dtype=DTYPE, max_model_len=max_model_len,
+            mla=dict(kv_lora_rank=R, qk_nope_head_dim=NOPE, qk_rope_head_dim=DR, v_head_dim=DV, q_lora_rank=None,
+                     index_topk=TOPK, index_n_heads=IDX_HEADS, index_head_dim=IDX_D))
+        self.config = config = vllm_harness.vllm_config(vl, model, block_size=BLOCK)
+        if not vl.workspace.is_workspace_manager_initialized():  # vLLM's model runner does this once
+            vl.workspace.init_workspace_manager(torch.device(DEVICE))
+        num_blocks = sum(-(-n // BLOCK) for n in self.seq_lens) + 2
+        self.num_blocks = num_blocks
+        self.table = _block_table(self.seq_lens, num_blocks, self.g)
+        # bytes 0xFF where no request owns a slot: NaN fp8 keys and NaN fp32 scales
+        self.idx_cache = torch.full((num_blocks, BLOCK, IDX_ROW), 0xFF, dtype=torch.uint8, device=DEVICE)
+        self.cache = torch.full((num_blocks, BLOCK, R + DR), float("nan"), dtype=DTYPE, device=DEVICE)
+        self.keys = [torch.randn(n, IDX_D, generator=self.g).to(DTYPE) for n in self.seq_lens]
+        self.latents = [torch.randn(n, R + DR, generator=self.g).to(DTYPE) for n in self.seq_lens]
+        self.topk_buffer = torch.full((self.total + 2, TOPK), SENTINEL, dtype=torch.int32, device=DEVICE)
+        kv = vl.kv_cache_interface
+        with vl.config.set_current_vllm_config(config):
+            idx_spec = kv.MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=IDX_ROW, dtype=torch.uint8,
+                                           cache_role=kv.SparseCacheRole.INDEXER)
+            self.idx_builder = vl.indexer.DeepseekV32IndexerMetadataBuilder(
+                idx_spec, [IDX_LAYER], config, torch.device(DEVICE), block_table_width=self.table.shape[1])
+            # the indexer's key-cache layer: what SparseAttnIndexer reads of it
+            k_cache = SimpleNamespace(prefix=IDX_LAYER, kv_cache=self.idx_cache)
+            self.indexer = vl.sparse_attn_indexer.SparseAttnIndexer(
+                k_cache, IDX_QUANT, "ue8m0", TOPK, IDX_D, max_model_len, vl.indexer.get_max_prefill_buffer_size(config),
+                self.topk_buffer)
+            spec = kv.MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=R + DR, dtype=DTYPE)
+            self.builder = vl.xpu_mla_sparse.XPUMLASparseMetadataBuilder(spec, [MLA_LAYER], config,
+                                                                         torch.device(DEVICE))
+            self.impl = vl.xpu_mla_sparse.XPUMLASparseImpl(
+                self.h, R + DR, self.scale, 1, None, None, "auto", None, "decoder", None, indexer=self.indexer,
+                q_lora_rank=None, kv_lora_rank=R, qk_nope_head_dim=NOPE, qk_rope_head_dim=DR, qk_head_dim=NOPE + DR,
+                v_head_dim=DV, kv_b_proj=None)
+        # earlier steps
+        slots = self._slots(lambda b: (0, self.ctx[b]))
+        keys = torch.cat([self.keys[b][: self.ctx[b]] for b in range(len(self.ctx))]).to(DEVICE)
+        vl.custom_ops.indexer_k_quant_and_cache(keys, self.idx_cache, slots, IDX_QUANT, "ue8m0")
+        self.write_latents(lambda b: (0, self.ctx[b]))
+        self.slots = self._slots(lambda b: (self.ctx[b], self.seq_lens[b]))
+        meta = vllm_harness.common_metadata(vl, query_lens=self.new, seq_lens=self.seq_lens,
+                                            block_table=self.table.to(DEVICE), slot_mapping=self.slots, device=DEVICE)
+        self.idx_meta = self.idx_builder.build(0, meta)
+        self.meta = self.builder.build(0, meta)
+        # each new token: its request and how many positions it sees (its own included)
+        self.rows = [(b, c + i + 1) for b, (c, n) in enumerate(zip(self.ctx, self.new)) for i in range(n)]
+
+    def _slots(self, rows):
+        return torch.cat([_slots(self.table, b, *rows(b)) for b in range(len(self.ctx))]).to(DEVICE)
+
+    def write_latents(self, rows):
+        """``do_kv_cache_update`` (-> ``concat_and_cache_mla``) of rows ``rows(b)`` of every request."""
+        spans = [rows(b) for b in range(len(self.ctx))]
+        latents = torch.cat([self.latents[b][s:e] for b, (s, e) in enumerate(spans)]).to(DEVICE)
+        self.impl.do_kv_cache_update(latents[:, :R], latents[:, None, R:], self.cache, self._slots(rows), "auto",
+                                     torch.tensor(1.0, device=DEVICE))
+
+    def index(self):
+        """``SparseAttnIndexer.forward_xpu`` with the fp8 queries and folded weights DeepSeek-V3.2's
+        ``Indexer`` passes it: the new keys into the indexer cache, the logits, the top-k."""
+        self.q_idx = (torch.randn(self.total, IDX_HEADS, IDX_D, generator=self.g) * 2).to(torch.float8_e4m3fn)
+        self.weights = torch.randn(self.total, IDX_HEADS, generator=self.g)
+        keys = torch.cat([k[c:] for k, c in zip(self.keys, self.ctx)]).to(DEVICE)
+        hidden = torch.empty(self.total, 8, dtype=DTYPE, device=DEVICE)  # only its token count is read
+        with self.vl.forward_context.set_forward_context({IDX_LAYER: self.idx_meta, MLA_LAYER: self.meta}, self.config):
+            result = self.indexer.forward_xpu(hidden, self.q_idx.to(DEVICE), keys, self.weights.to(DEVICE))
+        assert result is self.topk_buffer
+        return result[: self.total].cpu()
+
+    def cached_keys(self, b):
+        """Request ``b``'s keys as the indexer cache holds them, dequantised exactly from its bytes
+        (a block holds its ``BLOCK`` keys' fp8 values, then their fp32 scales)."""
+        slots = _slots(self.table, b, 0, self.seq_lens[b])
+        pages = self.idx_cache.cpu().view(self.num_blocks, BLOCK * IDX_ROW)
+        block, offset = slots // BLOCK, slots % BLOCK
+        values = pages[block[:, None], offset[:, None] * IDX_D + torch.arange(IDX_D)]
+        scales = pages[block[:, None], BLOCK * IDX_D + 4 * offset[:, None] + torch.arange(4)]
+        return values.view(torch.float8_e4m3fn).double() * scales.contiguous().view(torch.float32).double()
+
+    def index_logits(self, t):
+        """Token ``t``'s float64 indexer logits over the positions it sees:
+        ``sum_h weights[t, h] * relu(q[t, h] . key)``."""
+        b, n = self.rows[t]
+        keys = self.cached_keys(b)[:n]
+        dots = torch.einsum("hd,kd->hk", self.q_idx[t].double(), keys).clamp_min(0)
+        return (self.weights[t].double()[:, None] * dots).sum(0)
+
+    def attend(self):
+        """``do_kv_cache_update`` of the new latents, then ``forward_mqa`` (absorbed queries: latent 512
+        + rope 64) over the rows the top-k buffer names -> latent output."""
+        self.write_latents(lambda b: (self.ctx[b], self.seq_lens[b]))
+        self.q = torch.randn(self.total, self.h, R + DR, generator=self.g).to(DTYPE)
+        q = self.q.to(DEVICE)
+        out, lse = self.impl.forward_mqa((q[..., :R], q[..., R:]), self.cache, self.meta, None)
+        assert lse is None
+        return out
+
+    def attend_reference(self, topk):
+        """Float64 attention of each token over exactly its selected rows (V: their first 512 channels)."""
+        out = torch.empty(self.total, self.h, R, dtype=torch.float64)
+        for t, (b, n) in enumerate(self.rows):
+            picked = topk[t][topk[t] >= 0].long()
+            assert picked.numel() and int(picked.max()) < n
+            rows = self.latents[b][picked].double()
+            p = torch.softmax(self.q[t].double() @ rows.T * self.scale, dim=-1)
+            out[t] = p @ rows[:, :R]
+        return out
+
+
+def assert_topk(scenario, topk):
+    """Each token's top-k, as a set: all of the positions it sees when they are ``TOPK`` or fewer
+    (then ``-1``), else ``TOPK`` distinct positions whose float64 logits are the largest (ties
+    within rounding of the fp32 logits either way)."""
+    for t, (_, n) in enumerate(scenario.rows):
+        row = topk[t]
+        picked = row[row >= 0].long()
+        assert picked.unique().numel() == picked.numel() and (row[row < 0] == -1).all(), (t, row)
+        if n <= TOPK:
+            assert sorted(picked.tolist()) == list(range(n)), (t, n, row)
+            continue
+        assert picked.numel() == TOPK and int(picked.max()) < n, (t, n, row)
+        logits = scenario.index_logits(t)
+        rest = torch.ones(n, dtype=torch.bool)
+        rest[picked] = False
+        tol = LOGITS_TOL * (1 + float(logits.abs().max()))
+        assert float(logits[picked].min()) >= float(logits[rest].max()) - tol, (t, n)
+
+
+DSA_CASES = {
+    "decode": dict(ctx=[150, 200, 40], new=[1, 1, 1]),
+    "prefill_with_context": dict(ctx=[130, 0, 60], new=[4, 3, 5]),
+    "mixed_batch": dict(ctx=[200, 7, 140], new=[1, 1, 3]),
+}
+
+
+@pytest.mark.parametrize("case", list(DSA_CASES))
+def test_dsa_indexer(vl, ops_run, case):
+    """vLLM's ``SparseAttnIndexer.forward_xpu`` -> ``torch.ops.vllm.sparse_attn_indexer``: the new
+    keys into the fp8 indexer cache (``indexer_k_quant_and_cache``); prefill rows gather their
+    requests' keys (``cp_gather_indexer_k_quant_cache``), score them with
+    ``torch.ops.vllm.xpu_fp8_mqa_logits`` (-> ``_xpu_C.fp8_mqa_logits``) and select with
+    ``_C.top_k_per_row_prefill``; decode rows score the paged cache with
+    ``xpu_fp8_paged_mqa_logits`` (-> ``_xpu_C.fp8_paged_mqa_logits``) and select with
+    ``_C.top_k_per_row_decode`` (vLLM's top-k choice on XPU: ``per_row``). Each token's top-k
+    (request-local positions) against its float64 logits over the dequantised cache; rows beyond
+    the batch keep their sentinel."""
+    sc = DSAScenario(vl, **DSA_CASES[case])
+    decodes, prefills = sc.idx_meta.num_decodes, sc.idx_meta.num_prefills
+    assert (decodes, prefills) == (sum(n == 1 for n in sc.new), sum(n > 1 for n in sc.new))
+    ops_run.clear()  # the earlier steps' writes
+    topk = sc.index()
+    assert_topk(sc, topk)
+    assert (sc.topk_buffer[sc.total:] == SENTINEL).all()
+    expected = ["indexer_k_quant_and_cache"]
+    if prefills:
+        expected += ["cp_gather_indexer_k_quant_cache", "fp8_mqa_logits", "fast_topk_v2"]
+    if decodes:
+        expected += ["fp8_paged_mqa_logits", "fast_topk_v2"]
+    assert ops_run == expected, ops_run
+
+
+def test_dsa_indexer_prefill_in_row_chunks(vl, ops_run, monkeypatch):
+    """With no room for prefill logits (``VLLM_SPARSE_INDEXER_MAX_LOGITS_MB=0``) vLLM's builder
+    splits the prefill into one chunk per request, each into one-row sub-chunks: the request's
+    keys are gathered once and the later rows of the request reuse them (``skip_kv_gather``)."""
+    monkeypatch.setenv("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "0")
+    sc = DSAScenario(vl, ctx=[140, 3], new=[3, 2])
+    chunks = sc.idx_meta.prefill.chunks
+    assert len(chunks) == 5 and [c.skip_kv_gather for c in chunks] == [False, True, True, False, True]
+    ops_run.clear()
+    assert_topk(sc, sc.index())
+    assert ops_run.count("cp_gather_indexer_k_quant_cache") == 2 and ops_run.count("fp8_mqa_logits") == 5, ops_run
+
+
+def test_dsa_indexer_writes_its_cache(vl):
+    """vLLM's ``indexer_k_quant_and_cache`` (earlier steps) and the indexer's own insert put every
+    key at its slot as fp8 e4m3 with a power-of-two fp32 scale (``"ue8m0"``: ``2^ceil(log2(amax /
+    448))``): exactly that under the interpreter (torch quantises there); compiled, the kernel's
+    fp32 division may round a scale or a value one step apart, so each key within half an fp8 step
+    (of a scale up to twice as large). Slots no request owns keep their 0xFF bytes."""
+    sc = DSAScenario(vl, ctx=[70, 0], new=[1, 5])
+    sc.index()
+    owned = torch.zeros(sc.num_blocks * BLOCK, dtype=torch.bool)
+    for b, n in enumerate(sc.seq_lens):
+        k = sc.keys[b].double()
+        scale = torch.exp2(torch.ceil(torch.log2(k.abs().amax(-1, keepdim=True).clamp_min(1e-4) / 448)))
+        cached = sc.cached_keys(b)
+        if INTERPRET:
+            assert torch.equal(cached, (k / scale).to(torch.float8_e4m3fn).double() * scale), b
+        else:  # e4m3: 3 mantissa bits (half a step: 1/16 of the value), subnormal steps of scale / 512
+            assert ((cached - k).abs() <= k.abs() / 16 + scale / 256).all(), b
+        owned[_slots(sc.table, b, 0, n)] = True
+    pages = sc.idx_cache.cpu().view(sc.num_blocks, BLOCK * IDX_ROW)
+    values = pages[:, : BLOCK * IDX_D].reshape(-1, IDX_D)
+    scales = pages[:, BLOCK * IDX_D:].reshape(-1, 4)
+    assert (values[~owned] == 0xFF).all() and (scales[~owned] == 0xFF).all()
+
+
+@pytest.mark.parametrize("case", list(DSA_CASES))
+def test_mla_sparse_backend(vl, ops_run, case):
+    """``XPU_MLA_SPARSE`` over the indexer's top-k: ``XPUMLASparseMetadataBuilder.build`` (every token
+    routed to the sparse MQA path), ``do_kv_cache_update`` (-> ``concat_and_cache_mla``) and
+    ``forward_mqa``, which maps the request-local top-k positions to cache rows through the block
+    table (vLLM's Triton ``triton_convert_req_index_to_global_index``) and attends with vLLM's own
+    Triton sparse MLA kernel (vllm/v1/attention/ops/xpu_mla_sparse.py: no vllm_xpu_kernels call).
+    The output against float64 attention over exactly the selected rows of each request."""
+    sc = DSAScenario(vl, **DSA_CASES[case])
+    assert sc.meta.num_decode_tokens == sc.total and sc.meta.num_prefills == 0 and sc.meta.topk_tokens == TOPK
+    topk = sc.index()
+    assert_topk(sc, topk)
+    ops_run.clear()
+    out = sc.attend()
+    assert out.shape == (sc.total, sc.h, R)
+    assert_close(out.cpu(), sc.attend_reference(topk), DTYPE)
+    assert ops_run == ["concat_and_cache_mla"], ops_run

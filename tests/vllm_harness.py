@@ -12,7 +12,10 @@ why; the machinery is tests/engine_stand_ins.py, shared with the sglang harness)
 The platform is vLLM's ``XPUPlatform``, installed as ``vllm.platforms.current_platform`` before any
 backend module imports (vLLM resolves it lazily; ``torch.xpu.is_available()`` would pick it on an
 Intel GPU). Only host facts are answered for the machine the tests run on (:class:`TestHostXPUPlatform`):
-pinned host memory exists only where a CUDA runtime does, and the device name is this machine's.
+pinned host memory exists only where a CUDA runtime does, the device name and compute-unit count
+are this machine's, and the dispatch key vLLM registers its own ``torch.ops.vllm`` ops under
+(``XPU`` on an Intel GPU) is the one of the tensors here (``CUDA`` on a GPU, ``CPU`` under the
+interpreter): the same functions, reached by the same calls.
 """
 from __future__ import annotations
 
@@ -63,11 +66,23 @@ _STAND_INS = engine_stand_ins.StandIns(STUBS, own=OWN)
 _VLLM = None
 
 
+@contextlib.contextmanager
 def stubbed():
     """The stubs answer imports only inside this block (vLLM imports some lazily, during a forward);
     vLLM's modules and its real packages are in ``sys.modules``, and its site on ``sys.path``, only
-    inside it (sglang tries ``from vllm import _custom_ops`` and must fail as without vLLM)."""
-    return _STAND_INS.active()
+    inside it (sglang tries ``from vllm import _custom_ops`` and must fail as without vLLM). On a
+    host without an accelerator (the interpreter), ``torch.accelerator.empty_cache`` (which vLLM's
+    workspace manager calls before it grows a buffer) has no cache to release and does nothing."""
+    with _STAND_INS.active() as stand_ins:
+        if torch.accelerator.is_available():
+            yield stand_ins
+            return
+        empty_cache = torch.accelerator.empty_cache
+        torch.accelerator.empty_cache = lambda: None
+        try:
+            yield stand_ins
+        finally:
+            torch.accelerator.empty_cache = empty_cache
 
 
 def site_dir() -> str | None:
@@ -108,6 +123,7 @@ def load_vllm():
     engine_stand_ins.install_engine(SITE_ENV, "vllm", "vllm_xpu_kernels", ".ci/vllm_env.sh", add=_STAND_INS.add_site)
     memory_info = getattr(torch.accelerator, "get_memory_info", None)
     environ = dict(os.environ)  # vllm.env_override sets variables for its server processes
+    host_dispatch_key = "CUDA" if torch.cuda.is_available() else "CPU"  # read before CUDA is hidden
     try:
         with engine_stand_ins.cuda_hidden():
             platforms = importlib.import_module("vllm.platforms")
@@ -117,6 +133,8 @@ def load_vllm():
             class TestHostXPUPlatform(xpu.XPUPlatform):
                 """vLLM's XPU platform; only facts of the host the tests run on are its own."""
 
+                dispatch_key = host_dispatch_key
+
                 @classmethod
                 def is_pin_memory_available(cls):
                     return torch.cuda.is_available()
@@ -124,6 +142,12 @@ def load_vllm():
                 @classmethod
                 def get_device_name(cls, device_id: int = 0) -> str:
                     return torch.cuda.get_device_name(device_id) if torch.cuda.is_available() else "cpu"
+
+                @classmethod
+                def num_compute_units(cls, device_id: int | None = 0) -> int:
+                    if torch.cuda.is_available():
+                        return torch.cuda.get_device_properties(device_id or 0).multi_processor_count
+                    return os.cpu_count() or 1
 
             platforms._current_platform = TestHostXPUPlatform()
         _import_triton_utils()
@@ -144,6 +168,11 @@ def load_vllm():
                 "triton_utils": "vllm.triton_utils",
                 "custom_ops": "vllm._custom_ops",
                 "xpu_ops": "vllm._xpu_ops",
+                "forward_context": "vllm.forward_context",
+                "workspace": "vllm.v1.worker.workspace",
+                "indexer": "vllm.v1.attention.backends.mla.indexer",
+                "sparse_attn_indexer": "vllm.model_executor.layers.sparse_attn_indexer",
+                "xpu_mla_sparse": "vllm.v1.attention.backends.mla.xpu_mla_sparse",
             }
             modules = {key: importlib.import_module(name) for key, name in names.items()}
     finally:
@@ -181,9 +210,14 @@ class ModelConfig:
 
 
 def vllm_config(vl, model_config, *, cache_dtype="auto", block_size=64):
-    """A ``VllmConfig`` of vLLM's defaults with ``model_config`` and the cache dtype / block size."""
+    """A ``VllmConfig`` of vLLM's defaults with ``model_config`` and the cache dtype / block size (and
+    the sparse MLA prefill workspace factor ``VllmConfig`` derives from a model config: 5 up to 256K
+    tokens)."""
     config = vl.config.VllmConfig()
     object.__setattr__(config, "model_config", model_config)
+    if config.attention_config.sparse_mla_prefill_workspace_factor is None:
+        factor = 5 if model_config.max_model_len <= 256 * 1024 else 2
+        config.attention_config.sparse_mla_prefill_workspace_factor = factor
     config.cache_config.cache_dtype = cache_dtype
     config.cache_config.block_size = block_size
     return config

@@ -22,8 +22,7 @@ from torch import Tensor
 
 from .._stand_ins import op_defined
 
-from triton_xpu_attn import fp8_mqa_logits as _fp8_mqa_logits
-from triton_xpu_attn import fp8_paged_mqa_logits as _fp8_paged_mqa_logits
+from triton_xpu_attn.ops import mqa_logits as _mqa_logits
 
 NAMESPACE = "_xpu_C"
 
@@ -37,7 +36,7 @@ if not _defined("fp8_mqa_logits"):
     def fp8_mqa_logits(q: Tensor, kv: Tensor, kv_scales: Tensor, weights: Tensor, cu_seqlen_ks: Tensor,
                        cu_seqlen_ke: Tensor) -> Tensor:
         """``[seq_len, seq_len_kv]`` fp32 indexer logits, ``-inf`` outside each row's key range."""
-        return _fp8_mqa_logits(q, (kv, kv_scales), weights, cu_seqlen_ks, cu_seqlen_ke, True)
+        return _mqa_logits.fp8_mqa_logits(q, (kv, kv_scales), weights, cu_seqlen_ks, cu_seqlen_ke, True)
 
     @fp8_mqa_logits.register_fake
     def _(q, kv, kv_scales, weights, cu_seqlen_ks, cu_seqlen_ke):
@@ -48,8 +47,8 @@ if not _defined("fp8_paged_mqa_logits"):
     def fp8_paged_mqa_logits(q_fp8: Tensor, kv_cache_fp8: Tensor, weights: Tensor, context_lens: Tensor,
                              block_tables: Tensor, schedule_metadata: Optional[Tensor], max_model_len: int) -> Tensor:
         """``[batch_size * next_n, max_model_len]`` fp32 indexer logits, ``-inf`` where unseen."""
-        return _fp8_paged_mqa_logits(q_fp8, kv_cache_fp8, weights, context_lens, block_tables, schedule_metadata,
-                                     max_model_len, True)
+        return _mqa_logits.fp8_paged_mqa_logits(q_fp8, kv_cache_fp8, weights, context_lens, block_tables,
+                                                schedule_metadata, max_model_len, True)
 
     @fp8_paged_mqa_logits.register_fake
     def _(q_fp8, kv_cache_fp8, weights, context_lens, block_tables, schedule_metadata, max_model_len):
