@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A cost model over the XPU native-code facts, used to choose the XPU tiles of MLA decode and of
-GQA at head dim 512. Compiler facts and a model: no Intel GPU ran any of this, so nothing here is a
+GQA at head dims 512 and 576. Compiler facts and a model: no Intel GPU ran any of this, so nothing here is a
 measured speed.
 
 Facts (``--compile``, in the triton-xpu venv with Intel's ocloc unpacked; ``.ci/xpu_compile_check.py``'s
@@ -49,6 +49,7 @@ DEVICES = {"pvc": ("Max 1100", 355.53, 1228.8), "bmg": ("B580", 116.74, 456.0)}
 MLA_BASE = "bf16,H16,P64,BH16xDV128,split,latent chunks"
 GQA_DECODE_BASE = "decode,bf16,D512,g8,P64,split"
 GQA_PREFILL_BASE = "prefill,bf16,D512,g2,P64,causal"
+GQA576_DECODE_BASE = "decode,bf16,D576,Dv512,g16,P64,split"
 
 
 def _mla(structure, bh, dv, warps, **extra):
@@ -58,7 +59,7 @@ def _mla(structure, bh, dv, warps, **extra):
 
 
 def _gqa(family, structure, dv, warps, **extra):
-    base = GQA_DECODE_BASE if family == "gqa decode" else GQA_PREFILL_BASE
+    base = {"gqa decode": GQA_DECODE_BASE, "gqa576 decode": GQA576_DECODE_BASE}.get(family, GQA_PREFILL_BASE)
     return dict(family=family, structure=structure, name=f"DV{dv}x{512 // dv} w{warps}" + "".join(
         f" {k}={v}" for k, v in extra.items()), base=base,
         constexprs=dict(BLOCK_DV=dv, NUM_DV=512 // dv, **{"SCORE_CHUNK": 0, **extra}), options=dict(num_warps=warps))
@@ -84,6 +85,9 @@ ALTERNATIVES = [
     *[_gqa("gqa prefill", "Dv halves", 256, w) for w in (8, 16, 32)],
     *[_gqa("gqa prefill", "single pass", 512, w) for w in (8, 16, 32)],
     *[_gqa("gqa prefill", "score chunks", dv, w, SCORE_CHUNK=128) for dv in (256, 512) for w in (8, 16, 32)],
+    # D = 576 / Dv = 512 decode (16 heads of one KV head, 16-key tiles, a 64-channel score tail: D_TAIL)
+    *[_gqa("gqa576 decode", "score chunks", dv, w, SCORE_CHUNK=64) for dv, w in
+      ((256, 2), (256, 4), (128, 2), (128, 4), (512, 2), (512, 4))],
 ]
 
 
@@ -137,6 +141,8 @@ def shapes(family: str) -> list:
         return [(f"H{h}", (lambda h: lambda c: mla.xpu_launch_shape(c, h))(h)) for h in (16, 32, 64, 128)]
     if family == "gqa decode":
         return [("H32/4 g8", lambda c: paged_attention.xpu_launch_shape(c, 32, 4))]
+    if family == "gqa576 decode":
+        return [("H16/1 g16", lambda c: paged_attention.xpu_launch_shape(c, 16, 1))]
     return [("H8/4 g2 q4096", lambda c: paged_attention.xpu_launch_shape(c, 8, 4, q_len=4096))]
 
 
@@ -198,7 +204,7 @@ def choices(facts: dict) -> dict:
 
 
 def print_model(facts: dict, chosen: dict) -> None:
-    print("# XPU cost model: MLA decode and GQA at D = 512 (compiler facts and a model, not speeds)")
+    print("# XPU cost model: MLA decode and GQA at D = 512 and 576 (compiler facts and a model, not speeds)")
     print()
     print("Written by `bench/experiments/xpu_cost_model.py` from `bench/results/xpu/cost_model_facts.json` "
           "(triton-xpu 3.3.0b1 -> ocloc native code; see the script's docstring for the model and what it leaves out). "
@@ -258,6 +264,8 @@ def shipped_tiles() -> dict:
         dv = t.get("BLOCK_DV", 512)
         extra = f" SCORE_CHUNK={t['score_chunk']}" if t.get("score_chunk") else ""
         out[(family, problem)] = f"DV{dv}x{512 // dv} w{t['num_warps']}{extra}"
+    t = paged_attention.xpu_tiles(True, 576, 64)
+    out[("gqa576 decode", "H16/1 g16")] = f"DV{t['BLOCK_DV']}x{512 // t['BLOCK_DV']} w{t['num_warps']} SCORE_CHUNK={t['score_chunk']}"
     return out
 
 

@@ -64,7 +64,8 @@ def xpu_tiles(decode_like: bool, head_dim: int, page_size: int, fp8_kv: bool = F
     if head_dim > 512:
         # D = 576 (512 + a 64-channel tail, the kernel's D_TAIL): the score dot in 64-column chunks
         # over both, the D = 512 tiles otherwise: 0 B spilled on PVC and BMG, decode and prefill;
-        # whole 512-channel V rows on one program spill 6.7-13 KB at 2-8 warps
+        # whole 512-channel V rows on one program spill 6.7-13 KB at 2-8 warps (the cost model's
+        # pick too: 1.53x the minimum against 3.1x for the one-program tile, cost_model.md)
         tiles["score_chunk"] = 64
     if chunked:
         # fp8 K^T has no 2D read: gathered 8-bit K^T beside its 16-bit copy spilled 8.4-8.8 KB at
