@@ -22,8 +22,8 @@ import triton_xpu_attn  # noqa: E402,F401  (first: selects the interpreter on a 
 
 import torch  # noqa: E402
 
-from ab_prefill import load_copy  # noqa: E402
-from bench.common import bench_ms, capture_graph  # noqa: E402
+from ab_prefill import alternated_best_us, load_copy  # noqa: E402
+from bench.common import capture_graph  # noqa: E402
 from mla_sparse_sweep import CASES, build  # noqa: E402
 from sweeps import SLOWER  # noqa: E402
 
@@ -46,11 +46,7 @@ def main() -> int:
         runs = [build(kind, shape, dev, m)[1] for m in mods]
         outs = [r().float() for r in runs]
         graphs = [capture_graph(r) or r for r in runs]
-        times = [[] for _ in mods]
-        for order in (list(range(len(mods))), list(reversed(range(len(mods))))) * ROUNDS:
-            for i in order:
-                times[i].append(bench_ms(graphs[i], warmup=2, rep=20) * 1e3)
-        best = [min(t) for t in times]
+        best = alternated_best_us(graphs, ROUNDS, 20)
         line = f"{case} {shape}: {names[0]} {best[0]:.1f} us"
         for i in range(1, len(mods)):
             ratios[i].append(best[i] / best[0])

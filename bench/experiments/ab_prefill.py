@@ -78,6 +78,17 @@ def load_copy(path: str, index: int):
     return module
 
 
+def alternated_best_us(graphs, rounds: int, rep_ms: int) -> list:
+    """Each callable's fastest time (us) over ``rounds`` alternations in both orders: sustained
+    runs sit at the power limit, so the clock drifts over seconds and a copy timed later would
+    look slower; many short alternations with the fastest kept cancel that."""
+    times = [[] for _ in graphs]
+    for order in (list(range(len(graphs))), list(reversed(range(len(graphs))))) * rounds:
+        for i in order:
+            times[i].append(bench_ms(graphs[i], warmup=2, rep=rep_ms) * 1e3)
+    return [min(t) for t in times]
+
+
 def main() -> int:
     cases = CASES
     if os.environ.get("AB_CASES"):  # e.g. "4,32,8,64,4096,4096,64;4,32,8,128,2048,8192,64"
@@ -90,13 +101,7 @@ def main() -> int:
         runs = [(lambda m=m: m.flash_attn_with_kvcache(**args)) for m in mods]
         outs = [r() for r in runs]
         graphs = [capture_graph(r) or r for r in runs]
-        times = [[] for _ in mods]
-        # many short alternations, the fastest of each kept: sustained prefill runs at the power
-        # limit, so the clock drifts over seconds and a copy timed later would look slower
-        for order in (list(range(len(mods))), list(reversed(range(len(mods))))) * ROUNDS:
-            for i in order:
-                times[i].append(bench_ms(graphs[i], warmup=2, rep=REP_MS) * 1e3)
-        best = [min(t) for t in times]
+        best = alternated_best_us(graphs, ROUNDS, REP_MS)
         name = f"{Hq}/{Hkv}/{D} B={B} S={S} L={L} P={P}"
         line = f"{name}: base {best[0]:.1f} us"
         for i in range(1, len(mods)):
