@@ -20,7 +20,7 @@ GB/s (cache bytes read once / time) and TFLOP/s (2 B H L (576 + 512) / time), an
 over ``mla``'s; writes CSV + markdown + JSON to --out/<device_key>/ (quick runs in quick/).
 
 usage:
-  python bench/bench_head_dim_576.py [--quick] [--out DIR] [--peers DIR] [--time-budget S]
+  python bench/bench_head_dim_576.py [--quick] [--out DIR] [--peers DIR] [--time-budget S] [--from-case N]
 
 On a machine without a GPU, one tiny case runs through the Triton interpreter as a smoke test.
 """
@@ -140,6 +140,8 @@ def fmt_row(row) -> str:
 
 def main(argv=None):
     ap = common.flashinfer_bench_parser(__doc__.split("\n\n")[0], "the headline cases (on CPU: one tiny case)")
+    ap.add_argument("--from-case", type=int, default=0, metavar="N",
+                    help="start at case N of the grid (0-based; a grid left unfinished by --time-budget)")
     args = ap.parse_args(argv)
     dev = _device.default_device()
     if dev.type == "cpu":
@@ -151,7 +153,7 @@ def main(argv=None):
     common.set_time_budget(args.time_budget)
     print(common.header(), flush=True)
     rows, summary = [], []
-    for index, (B, H, L, P) in enumerate(grid):
+    for index, (B, H, L, P) in enumerate(grid[args.from_case:], args.from_case):
         if common.out_of_time():
             summary.append(f"stopped after {index} of {len(grid)} cases: time budget (--time-budget) spent")
             break

@@ -388,6 +388,35 @@ def test_split_count_does_not_change_the_result():
         assert torch.allclose(out, base[0], atol=1e-5) and torch.allclose(lse, base[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("combine_elements", [2048, 32])
+def test_combine_block_covers_rows_and_blocks(monkeypatch, combine_elements):
+    """The combine merges whole rows where splits are few (one program a token and head) and
+    channel blocks where they are many; both give the unsplit result."""
+    assert decode_mod._combine_block_dv(512, 2) == 512 and decode_mod._combine_block_dv(512, 4) == 512
+    assert decode_mod._combine_block_dv(512, 32) == 64 and decode_mod._combine_block_dv(512, 64) == 32
+    assert decode_mod._combine_block_dv(40, 2) == 64 and decode_mod._combine_block_dv(16, 2048) == 16
+    monkeypatch.setattr(decode_mod, "COMBINE_ELEMENTS", combine_elements)
+    gen = torch.Generator().manual_seed(12)
+    case = make_case(gen, B=2, s_q=1, h_q=16, layout="plain", dtype=torch.float32, page_size=4, num_pages=30,
+                     topk=50, extra=None, topk_length=False, sink=True)
+    blocks = []
+    real = decode_mod._sparse_combine_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            blocks.append(grid[2])
+            return real[grid]
+
+    monkeypatch.setattr(decode_mod, "_sparse_combine_kernel", Spy())
+    results = []
+    for splits in (1, 4):
+        config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
+        results.append(check_case(case, 0.05, config=config))
+    assert blocks == [1 if combine_elements == 2048 else 512 // 16], blocks  # splits 4: 2048 / 4, 32 / 4 -> 16
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+
+
 def test_split_plan():
     """Splits only where the grid is thin; at most MAX_SPLITS, whole key tiles each."""
     assert decode_mod._splits(1000, 2048, 32, 132, 0) == (1, 32)

@@ -33,6 +33,9 @@ PLANS = {
     "default": {},
     "oneshot": dict(ONESHOT_MAX=1024),
     "two_kernel": dict(ONESHOT_MAX=16, GROUPS=64, CAPACITY=128, ROWS_PER_LAUNCH=3, STREAM_BLOCK=32),
+    # the many-row geometry (CUDA's, forced on every backend): other warps, 16-position steps
+    "many_rows": dict(ONESHOT_MAX=16, GROUPS=64, CAPACITY=128, ROWS_PER_LAUNCH=3, STREAM_BLOCK=64,
+                      MANY_ROWS_TWO_KERNEL=0, MANY_ROWS_BACKENDS=("cuda", "xpu", "interpreter"), MANY_ROWS_BLOCK=16),
     "stream": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=16, ROWS_PER_LAUNCH=2, STREAM_BLOCK=16),
     # rows fewer than the interpreter's 4 units: up to 4 programs a row
     "split": dict(ONESHOT_MAX=16, GROUPS=16, CAPACITY=64, ROWS_PER_LAUNCH=2, STREAM_BLOCK=16, MAX_SPLITS=4,
@@ -621,6 +624,56 @@ def test_many_row_one_shot_launches_take_four_warps(monkeypatch):
         assert select_mod._launch_options(8192, many)["num_warps"] == expect_many
         assert select_mod._launch_options(8192, many - 1)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
         assert select_mod._launch_options(8192)["num_warps"] == select_mod._options(8192, backend)["num_warps"]
+@pytest.mark.parametrize("backend", ["cuda", "xpu"])
+def test_many_row_two_kernel_geometry(monkeypatch, backend):
+    """CUDA: two-kernel launches of at least MANY_ROWS_TWO_KERNEL rows per unit take the many-row
+    geometry (MANY_ROWS_* warps, MANY_ROWS_BLOCK-position steps); fewer rows, and other backends,
+    keep the per-row one (warps by held block, STREAM_BLOCK steps). Results are the reference's."""
+    gen = torch.Generator().manual_seed(21)
+    launches = []
+
+    def spy(name):
+        real = getattr(select_mod, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    launches.append((name, kwargs["BLOCK"], kwargs.pop("num_warps")))
+                    kwargs.pop("grf_mode", None)
+                    real[grid](*args, **kwargs)
+                return launch
+        monkeypatch.setattr(select_mod, name, Spy())
+
+    class Device:  # the launcher's view of the machine: ``backend`` with 2 compute units
+        def __getattr__(self, attr):
+            return getattr(device_mod, attr)
+
+        def backend(self):
+            return backend
+
+        def compute_units(self, device=None):
+            return 2
+
+    device_mod = select_mod._device
+    spy("_topk_candidates_kernel")
+    spy("_topk_select_kernel")
+    monkeypatch.setattr(select_mod, "_device", Device())
+    monkeypatch.setattr(select_mod.tune, "launch_options", lambda config: dict(config))
+    for rows in (2 * select_mod.MANY_ROWS_TWO_KERNEL, 2 * select_mod.MANY_ROWS_TWO_KERNEL - 1):
+        score = torch.randn(rows, 300, generator=gen).to(DEVICE)
+        lengths = _i32([300, 257, 299, 280, 290, 271][:rows])
+        launches.clear()
+        with plan("two_kernel"), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(select_mod, "MANY_ROWS_BLOCK", 16)
+            got = tx.fast_topk_v2(score, lengths, 8)
+        assert torch.equal(got.cpu().long(), ref.topk_select(score, lengths, 8))
+        many = backend == "cuda" and rows >= 2 * select_mod.MANY_ROWS_TWO_KERNEL
+        few = select_mod._options(max(64, 128, 32), backend)["num_warps"]
+        expect = [("_topk_candidates_kernel", 16 if many else 32, select_mod.MANY_ROWS_CANDIDATE_WARPS if many else few),
+                  ("_topk_select_kernel", 16 if many else 32, select_mod.MANY_ROWS_SELECT_WARPS if many else few)]
+        assert launches == expect * -(-rows // PLANS["two_kernel"]["ROWS_PER_LAUNCH"]), (rows, launches)
+
+
 # ---------------------------------------------------------------------------------------------
 # vLLM's torch.ops._C.top_k_per_row_prefill / _decode (vllm-xpu-kernels' schemas, compat _C)
 # ---------------------------------------------------------------------------------------------

@@ -41,8 +41,9 @@ from .._common import device_guard, next_power_of_2, register_xpu_compile
 ONESHOT_MAX = 8192
 #: strided groups whose maxima bound the threshold of a wider row (a power of two >= 2 * topk, <= 16384)
 GROUPS = 4096
-#: candidates a wider row keeps for the exact bisection (a power of two >= topk, <= 16384)
-CAPACITY = 8192
+#: candidates a wider row keeps for the exact bisection (a power of two >= topk, <= 16384): unstructured
+#: rows of any width keep about 2800 for topk 2048 (module docstring); more overflow to the streamed row
+CAPACITY = 4096
 #: rows per pair of launches of the two-kernel path (scratch: 8 * CAPACITY bytes a row)
 ROWS_PER_LAUNCH = 1024
 #: positions a streaming step reads at once (a power of two <= 16384: counts share int32 fields)
@@ -296,13 +297,13 @@ def _topk_candidates_kernel(
 
 @triton.jit
 def _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, k, out_row, raw_row, pt_row, stride_ptc, pt_cols, offset,
-                       page_bits, MODE: tl.constexpr, HAS_RAW: tl.constexpr, CAPACITY: tl.constexpr, SIZE: tl.constexpr,
+                       page_bits, MODE: tl.constexpr, HAS_RAW: tl.constexpr, CAPACITY: tl.constexpr,
                        SPLITS: tl.constexpr):
-    """The ``k`` selected of row ``r``'s ``m <= SIZE`` candidates (the splits' scratch regions of
-    ``CAPACITY`` entries, joined in order: positions ascending)."""
-    i = tl.arange(0, SIZE)
-    keys = tl.full([SIZE], _I32_MIN, dtype=tl.int32)
-    idx = tl.zeros([SIZE], dtype=tl.int32)
+    """The ``k`` selected of row ``r``'s ``m <= CAPACITY`` candidates (the splits' scratch regions
+    of ``CAPACITY`` entries, joined in order: positions ascending)."""
+    i = tl.arange(0, CAPACITY)
+    keys = tl.full([CAPACITY], _I32_MIN, dtype=tl.int32)
+    idx = tl.zeros([CAPACITY], dtype=tl.int32)
     first = _zero(tl.int32)
     for p in range(SPLITS):
         region = r * SPLITS + p
@@ -381,12 +382,9 @@ def _topk_select_kernel(
             for p in range(SPLITS):
                 m += tl.load(meta_ptr + (r * SPLITS + p) * 4)
                 above += tl.load(meta_ptr + (r * SPLITS + p) * 4 + 2)
-            if m <= CAPACITY // 2:  # the common case (unstructured scores: ~2800 for topk 2048): half the work
+            if m <= CAPACITY:  # the common case (unstructured scores: ~2800 for topk 2048)
                 _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, topk, out_row, raw_row, pt_row, stride_ptc, cols,
-                                   offset, page_bits, MODE, HAS_RAW, CAPACITY, CAPACITY // 2, SPLITS)
-            elif m <= CAPACITY:
-                _select_candidates(skey_ptr, sidx_ptr, meta_ptr, r, m, topk, out_row, raw_row, pt_row, stride_ptc, cols,
-                                   offset, page_bits, MODE, HAS_RAW, CAPACITY, CAPACITY, SPLITS)
+                                   offset, page_bits, MODE, HAS_RAW, CAPACITY, SPLITS)
             else:
                 t = tl.load(meta_ptr + r * SPLITS * 4 + 1)
                 if above >= topk:  # the threshold lies above the bound
@@ -407,7 +405,7 @@ def _register_compile_variants():
         cu_ptr="*i32", stride_cu="i32", n_req="i32", off_ptr="*i32", stride_off="i32", page_bits="i32",
         DIRECT_REQUEST=False, HAS_RAW=False, TOPK_BLOCK=2048, BLOCK=STREAM_BLOCK, REQUEST_BLOCK=REQUEST_BLOCK, SPLITS=1,
     )
-    opts = _options(max(GROUPS, CAPACITY), "xpu")
+    opts = _options(max(GROUPS, CAPACITY, STREAM_BLOCK), "xpu")
     register_xpu_compile(_topk_group_max_kernel, f"groups{GROUPS},splits8,row_starts",
                          dict(rows, max_ptr="*i32", GROUPS=GROUPS, SPLITS=8), **opts)
     for splits in (1, 8):
@@ -440,6 +438,14 @@ def _options(block: int, backend: str | None = None) -> dict:
 
 #: one-shot launches of at least this many rows per compute unit run on 4 warps (CUDA)
 MANY_ROWS_PER_UNIT = 4
+#: two-kernel launches of at least this many rows per compute unit (one program a row) take the
+#: many-row geometry below on these backends: warps per candidates / select program, and the
+#: positions a compaction or streaming step reads
+MANY_ROWS_TWO_KERNEL = 2
+MANY_ROWS_BACKENDS = ("cuda",)
+MANY_ROWS_CANDIDATE_WARPS = 8
+MANY_ROWS_SELECT_WARPS = 8
+MANY_ROWS_BLOCK = 1024
 
 
 def _launch_options(block: int, rows: int = 0, device=None) -> dict:
@@ -497,8 +503,15 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         sidx = torch.empty((regions, CAPACITY), dtype=torch.int32, device=device)
         meta = torch.empty((regions, 4), dtype=torch.int32, device=device)
         maxima = torch.empty((regions, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
-        options = _launch_options(max(GROUPS, CAPACITY))
-        select_options = _launch_options(CAPACITY)
+        step = STREAM_BLOCK
+        options = select_options = _launch_options(max(GROUPS, CAPACITY, STREAM_BLOCK))
+        if _device.backend() in MANY_ROWS_BACKENDS and rows >= MANY_ROWS_TWO_KERNEL * _device.compute_units(device):
+            # throughput, not one row's latency: smaller programs, several a unit side by side (each
+            # step ends in block-wide sums). H100: 0.57-0.65x the time from 1024 rows up; at 1-2 rows a
+            # unit and 64k-128k keys the 16-warp programs stay faster (experiments/topk_geometry.txt)
+            step = MANY_ROWS_BLOCK
+            options = tune.launch_options(dict(num_warps=MANY_ROWS_CANDIDATE_WARPS, num_stages=1))
+            select_options = tune.launch_options(dict(num_warps=MANY_ROWS_SELECT_WARPS, num_stages=1))
         for row0 in range(0, rows, per_launch):
             count = min(per_launch, rows - row0)
             if splits > 1:
@@ -506,9 +519,10 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
                                                         GROUPS=GROUPS, SPLITS=splits, **options)
             _topk_candidates_kernel[(count, splits)](*row_args, maxima, skey, sidx, meta, row0, topk,
                                                      HAS_ROW_STARTS=row_starts is not None, GROUPS=GROUPS,
-                                                     CAPACITY=CAPACITY, BLOCK=STREAM_BLOCK, SPLITS=splits, **options)
-            _topk_select_kernel[(count,)](*row_args, *select_args, skey, sidx, meta, row0, topk,
-                                          ONESHOT=False, CAPACITY=CAPACITY, SPLITS=splits, **flags, **select_options)
+                                                     CAPACITY=CAPACITY, BLOCK=step, SPLITS=splits, **options)
+            _topk_select_kernel[(count,)](*row_args, *select_args, skey, sidx, meta, row0, topk, ONESHOT=False,
+                                          CAPACITY=CAPACITY, SPLITS=splits, **{**flags, "BLOCK": step},
+                                          **select_options)
 
 
 def _splits(rows: int, width: int, device) -> int:
