@@ -12,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close, capture_graph, replay_without_host_sync
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, capture_graph, replay_without_host_sync
 from triton_xpu_attn import flash_mla_sparse_fwd
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
+from triton_xpu_attn.ops import index_order
 from triton_xpu_attn.ops import mla_sparse as sparse_mod
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
@@ -111,8 +113,14 @@ def _dev(t):
     return t.to(DEVICE) if isinstance(t, torch.Tensor) else t
 
 
-def run_and_check(case, sm_scale, d_v, *, config=None, use_out=False):
-    """The op against the reference, every element of its outputs checked; returns them."""
+def _buckets(buckets):
+    """The prefill's lists grouped in ``buckets`` buckets whatever the cache's size (0: as given)."""
+    return mock.patch.object(index_order, "locality_buckets", lambda *args: buckets)
+
+
+def run_and_check(case, sm_scale, d_v, *, config=None, use_out=False, buckets=0):
+    """The op against the reference, every element of its outputs checked; returns them.
+    ``buckets``: the index lists grouped by cache region first (``index_order.py``)."""
     q, kv, idx, tl_, sink = (case[k] for k in ("q", "kv", "indices", "topk_length", "attn_sink"))
     dtype = q.dtype
     s_q, h_q, _ = q.shape
@@ -122,7 +130,7 @@ def run_and_check(case, sm_scale, d_v, *, config=None, use_out=False):
         out_buf = torch.full((s_q, h_q, d_v + 8), float("nan"), dtype=dtype, device=DEVICE)
         stats_buf = torch.full((2, s_q, 2 * h_q), float("nan"), device=DEVICE)
         kwargs = dict(out=out_buf[:, :, :d_v], max_logits=stats_buf[0, :, ::2], lse=stats_buf[1, :, 1::2])
-    with _config(config):
+    with _config(config), _buckets(buckets):
         out, max_logits, lse = flash_mla_sparse_fwd(
             _dev(q), kv_dev, _dev(idx), sm_scale, d_v, _dev(sink), _dev(tl_), **kwargs)
     if use_out:
@@ -157,10 +165,11 @@ def run_and_check(case, sm_scale, d_v, *, config=None, use_out=False):
     strided=st.booleans(),
     use_out=st.booleans(),
     config=st.sampled_from(CONFIGS),
+    buckets=st.sampled_from([0, 0, 1, 4, 16]),
     data=st.data(),
 )
 def test_mla_sparse_matches_reference(heads, d_qk, d_v, dtype, index_dtype, topk_length, sink, strided, use_out,
-                                      config, data):
+                                      config, buckets, data):
     h_q, h_kv = heads
     s_q = data.draw(st.integers(1, 4 if h_q <= 20 else 2), label="s_q")
     s_kv = data.draw(st.integers(1, 70), label="s_kv")
@@ -168,7 +177,7 @@ def test_mla_sparse_matches_reference(heads, d_qk, d_v, dtype, index_dtype, topk
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     case = make_case(gen, s_q, h_q, h_kv, d_qk, s_kv, topk, dtype, index_dtype=index_dtype, topk_length=topk_length,
                      sink=sink, strided=strided, lonely_token=data.draw(st.booleans(), label="lonely"))
-    run_and_check(case, d_qk**-0.5, d_v, config=config, use_out=use_out)
+    run_and_check(case, d_qk**-0.5, d_v, config=config, use_out=use_out, buckets=buckets)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -556,6 +565,29 @@ def test_mla_sparse_deepseek_bf16(h_q):
 
 
 @pytest.mark.gpu
+def test_mla_sparse_lists_grouped_over_a_cache_beyond_l2():
+    """A cache larger than the L2 cache (75 MiB) and more lists than compute units: the prefill
+    groups the lists by cache region (``index_order.py``); the result matches the reference and the
+    call with the lists as given."""
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    s_q, h_q, s_kv, topk = 512, 16, 65536, 2048
+    q = torch.randn(s_q, h_q, 576, generator=gen, device=DEVICE).to(torch.bfloat16)
+    kv = torch.randn(s_kv, 1, 576, generator=gen, device=DEVICE).to(torch.bfloat16)
+    idx = torch.randint(-3, s_kv + 3, (s_q, 1, topk), generator=gen, device=DEVICE, dtype=torch.int32)
+    tl_ = torch.randint(0, topk + 20, (s_q,), generator=gen, device=DEVICE, dtype=torch.int32)
+    assert index_order.locality_buckets(s_kv, 576 * 2, s_q, topk, DEVICE) > 0
+    out, mx, lse = flash_mla_sparse_fwd(q, kv, idx, 576**-0.5, 512, None, tl_)
+    with _buckets(0):
+        as_given = flash_mla_sparse_fwd(q, kv, idx, 576**-0.5, 512, None, tl_)
+    tokens = torch.tensor([0, 1, 200, 511])
+    exp = ref.mla_sparse_fwd(q[tokens], kv, idx[tokens].cpu(), 576**-0.5, 512, None, tl_[tokens].cpu())
+    assert_close(out[tokens], exp[0], torch.bfloat16)
+    assert (lse[tokens].double() - exp[2]).abs().max() < 1e-3 and (mx[tokens].double() - exp[1]).abs().max() < 1e-3
+    assert_close(out, as_given[0].double(), torch.bfloat16)
+    assert torch.allclose(mx, as_given[1], rtol=0, atol=1e-5) and torch.allclose(lse, as_given[2], rtol=0, atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_mla_sparse_rows_beyond_2_pow_31_elements():
     """kv of 2^31 + 2^20 elements, bf16; the lists name rows at its far end (64-bit offsets)."""
     d_qk = 576
@@ -573,8 +605,10 @@ def test_mla_sparse_rows_beyond_2_pow_31_elements():
 
 
 @pytest.mark.gpu
-def test_mla_sparse_graph_replay_without_host_sync():
-    """Captured in a device graph, replayed with new values (no host sync allowed): equals eager."""
+@pytest.mark.parametrize("buckets", [0, 4])
+def test_mla_sparse_graph_replay_without_host_sync(buckets):
+    """Captured in a device graph, replayed with new values (no host sync allowed): equals eager;
+    ``buckets``: with the lists grouped by cache region first."""
     api = torch.cuda if torch.cuda.is_available() else torch.xpu
     gen = torch.Generator(device=DEVICE).manual_seed(9)
     s_q, h_q, s_kv, topk = 8, 64, 500, 300
@@ -589,7 +623,8 @@ def test_mla_sparse_graph_replay_without_host_sync():
     sink = torch.randn(h_q, generator=gen, device=DEVICE)
 
     def run():
-        return flash_mla_sparse_fwd(q, kv, idx, 0.05, 512, sink, tl_)
+        with _buckets(buckets):
+            return flash_mla_sparse_fwd(q, kv, idx, 0.05, 512, sink, tl_)
 
     graph, outputs = capture_graph(api, run)
     for new, old in zip(values(), (q, idx, tl_)):

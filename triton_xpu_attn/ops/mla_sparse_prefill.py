@@ -18,6 +18,7 @@ from .._common import (
     check_tensor,
     interpreter_float32,
 )
+from . import index_order
 from .mla_sparse import LAYOUT_PLAIN, MAX_HEAD_DIM, launch_sparse, sparse_tiles
 
 
@@ -65,7 +66,9 @@ def flash_mla_sparse_fwd(
     indices : torch.Tensor
         ``[s_q, h_kv, topk]`` int32 (or int64), any strides: the rows of ``kv`` each token attends
         to, per KV head. An entry outside ``[0, s_kv)`` (-1 padding, any negative value, ``s_kv``
-        or more) is skipped.
+        or more) is skipped. The order of a list does not matter: where ``kv`` is larger than
+        the GPU's L2 cache, the lists are first copied grouped by cache region (an int32
+        ``[s_q, h_kv, topk]`` tensor, ``index_order.py``), which keeps the rows read together close.
     sm_scale : float
         Softmax scale applied to the ``d_qk``-channel dot (finite).
     d_v : int
@@ -149,6 +152,12 @@ def flash_mla_sparse_fwd(
         return out, max_logits, lse
     if q.stride(-1) != 1:
         q = q.contiguous()
+
+    # a cache larger than the L2 cache: the lists grouped by cache region, so that programs running
+    # together read rows of one region (index_order.py; the result does not depend on the order)
+    buckets = index_order.locality_buckets(s_kv, h_kv * d_qk * kv.element_size(), s_q * h_kv, topk, device)
+    if buckets:
+        indices = index_order.order_by_bucket(indices, s_kv, buckets, topk_length)
 
     # the interpreter's bf16 arithmetic is wrong: bf16 runs in fp32 there (no copy when compiled)
     dest = out
