@@ -251,7 +251,7 @@ def check_case(case, sm_scale=None, head_dim_v=512, config=None):
     dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float16, torch.float32]),
     h_q=st.sampled_from([16, 16, 3, 20, 32, 64]),
     s_q=st.integers(1, 2),
-    page_size=st.sampled_from([1, 2, 4, 16, 64]),
+    page_size=st.sampled_from([1, 2, 3, 4, 16, 48, 64]),  # powers of two take shifts, the others divisions
     topk_length=st.booleans(),
     sink=st.booleans(),
     with_extra=st.booleans(),
@@ -268,7 +268,7 @@ def test_sparse_decode_matches_reference(layout, dtype, h_q, s_q, page_size, top
     topk = data.draw(st.one_of(st.sampled_from([1, 15, 16, 17, 33, 64]), st.integers(1, 70)), label="topk")
     extra = None
     if with_extra:
-        extra = (data.draw(st.integers(1, 4), label="x_pages"), data.draw(st.sampled_from([1, 2, 64]), label="x_ps"),
+        extra = (data.draw(st.integers(1, 4), label="x_pages"), data.draw(st.sampled_from([1, 2, 3, 64]), label="x_ps"),
                  data.draw(st.sampled_from([1, 9, 16, 40]), label="x_topk"), data.draw(st.booleans(), label="x_len"))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     case = make_case(gen, B=B, s_q=s_q, h_q=h_q, layout=layout, dtype=dtype, page_size=page_size,

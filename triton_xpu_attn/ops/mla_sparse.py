@@ -20,7 +20,8 @@ one KV head) and walks the token's index list ``BLOCK_N`` entries at a time:
   them; ``attn_sink`` joins the softmax denominator only.
 
 The same kernel serves the sparse decode of ``mla_sparse_decode.py`` (``flash_mla_with_kvcache``)
-through constexpr modes: ``PAGED`` (an entry is token ``page * page_size + slot`` of a paged cache),
+through constexpr modes: ``PAGED`` (an entry is token ``page * page_size + slot`` of a paged cache;
+``PAGE_SHIFTS``: power-of-two pages, page and slot by shift and mask),
 ``LAYOUT`` (rows of q's dtype, or DeepSeek-V4 / V3.2 packed fp8 rows read as bytes and dequantised
 to q's dtype in ``_k_cols`` before each dot), ``HAS_EXTRA`` (a second index list into a second
 cache, walked after the first as one list: ``_cache_rows`` picks each entry's cache) and ``SPLIT``
@@ -178,8 +179,8 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
 
 
 @triton.jit
-def _cache_rows(base, idx, ok, page_size, stride_page, stride_slot, num_rows, LAYOUT: tl.constexpr,
-                PAGED: tl.constexpr):
+def _cache_rows(base, idx, ok, page_size, page_shift, stride_page, stride_slot, num_rows, LAYOUT: tl.constexpr,
+                PAGED: tl.constexpr, PAGE_SHIFTS: tl.constexpr):
     """``(valid, rows, scale_rows)`` of the entries ``idx`` (listed where ``ok``) of one cache
     starting ``base`` elements (bytes) from the kernel's cache pointer: an entry counts when its
     index lies in ``[0, num_rows)``; ``rows`` / ``scale_rows`` are 64-bit offsets of the row starts
@@ -189,8 +190,15 @@ def _cache_rows(base, idx, ok, page_size, stride_page, stride_slot, num_rows, LA
     # NVIDIA GPUs whose calls spill every live register
     safe = tl.where(valid, idx, 0).to(tl.int32)
     if PAGED:
-        page = safe // page_size
-        slot = safe - page * page_size
+        if PAGE_SHIFTS:
+            # a power-of-two page (page_size == 1 << page_shift): a shift and a mask, where a
+            # division by a runtime value is ~20 instructions an entry, repeated in each layout the
+            # entries' rows are used in (sm_90, DeepSeek-V4 pages: 137 of them a thread a tile)
+            page = safe >> page_shift
+            slot = safe & (page_size - 1)
+        else:
+            page = safe // page_size
+            slot = safe - page * page_size
     else:
         page = safe
         slot = safe * 0
@@ -217,6 +225,7 @@ def _mla_sparse_kernel(
     stride_kv_slot,  # from one token of a page to the next (PAGED; LAYOUT_FP8_V4: unused)
     stride_kv_h,
     page_size,
+    page_shift,  # log2(page_size) (read when PAGE_SHIFTS)
     num_rows,  # tokens of the cache: an index outside [0, num_rows) is never followed
     idx_ptr,  # index lists of token (b, s) and KV head: int32 / int64 (any strides)
     stride_i_b,
@@ -230,6 +239,7 @@ def _mla_sparse_kernel(
     x_stride_kv_page,
     x_stride_kv_slot,
     x_page_size,
+    x_page_shift,
     x_num_rows,
     x_idx_ptr,
     x_stride_i_b,
@@ -269,6 +279,7 @@ def _mla_sparse_kernel(
     BLOCK_DV: tl.constexpr,  # output channels per program (a power of two)
     LAYOUT: tl.constexpr,
     PAGED: tl.constexpr,
+    PAGE_SHIFTS: tl.constexpr,  # PAGED: every cache's page size is a power of two (page_shift, x_page_shift)
     HAS_TOPK_LENGTH: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
     HAS_EXTRA_TOPK_LENGTH: tl.constexpr,
@@ -335,21 +346,22 @@ def _mla_sparse_kernel(
         if HAS_EXTRA:
             in_x = offs >= n_main
             idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed & (offs < n_main), other=-1)
-            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed & (offs < n_main), page_size,
-                                                  stride_kv_page, stride_kv_slot, num_rows, LAYOUT, PAGED)
+            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed & (offs < n_main), page_size, page_shift,
+                                                  stride_kv_page, stride_kv_slot, num_rows, LAYOUT, PAGED, PAGE_SHIFTS)
             x_offs = (offs - n_main).to(tl.int64)
             x_idx = tl.load(x_idx_ptr + b * x_stride_i_b + sq * x_stride_i_s + x_offs * x_stride_i_k,
                             mask=listed & in_x, other=-1)
-            x_valid, x_rows, x_scale_rows = _cache_rows(x_kv_offset, x_idx, listed & in_x, x_page_size,
-                                                        x_stride_kv_page, x_stride_kv_slot, x_num_rows, LAYOUT, PAGED)
+            x_valid, x_rows, x_scale_rows = _cache_rows(x_kv_offset, x_idx, listed & in_x, x_page_size, x_page_shift,
+                                                        x_stride_kv_page, x_stride_kv_slot, x_num_rows, LAYOUT, PAGED,
+                                                        PAGE_SHIFTS)
             # one base pointer, 64-bit offsets: the two caches' rows need no per-entry pointer select
             valid = tl.where(in_x, x_valid, valid)
             rows = kv_ptr + tl.where(in_x, x_rows, rows)
             scale_rows = kv_ptr + tl.where(in_x, x_scale_rows, scale_rows)
         else:
             idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
-            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed, page_size, stride_kv_page,
-                                                  stride_kv_slot, num_rows, LAYOUT, PAGED)
+            valid, rows, scale_rows = _cache_rows(kv_head_start, idx, listed, page_size, page_shift, stride_kv_page,
+                                                  stride_kv_slot, num_rows, LAYOUT, PAGED, PAGE_SHIFTS)
             rows = kv_ptr + rows
             scale_rows = kv_ptr + scale_rows
         if SCORE_CHUNK == 0:
@@ -419,11 +431,12 @@ _XPU_TILES_CONSTEXPRS = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64
 def _register_compile_variants():
     deepseek = dict(
         q_ptr="*bf16", stride_q_b="i64", stride_q_s="i32", stride_q_h="i32",
-        kv_ptr="*bf16", stride_kv_page="i64", stride_kv_slot="i32", stride_kv_h="i32", page_size="i32",
+        kv_ptr="*bf16", stride_kv_page="i64", stride_kv_slot="i32", stride_kv_h="i32", page_size="i32", page_shift="i32",
         num_rows="i32",
         idx_ptr="*i32", stride_i_b="i64", stride_i_s="i32", stride_i_h="i32", stride_i_k="i32",
         topk_length_ptr="*i32", stride_tl_b="i32", stride_tl_s="i32",
-        x_kv_offset="i64", x_stride_kv_page="i64", x_stride_kv_slot="i32", x_page_size="i32", x_num_rows="i32",
+        x_kv_offset="i64", x_stride_kv_page="i64", x_stride_kv_slot="i32", x_page_size="i32", x_page_shift="i32",
+        x_num_rows="i32",
         x_idx_ptr="*i32", x_stride_i_b="i64", x_stride_i_s="i32", x_stride_i_k="i32",
         x_topk_length_ptr="*i32", x_stride_tl_b="i32",
         sink_ptr="*fp32", stride_sink="i32",
@@ -431,7 +444,7 @@ def _register_compile_variants():
         max_logits_ptr="*fp32", stride_m_b="i32", stride_m_s="i32", stride_m_h="i32",
         lse_ptr="*fp32", stride_l_b="i32", stride_l_s="i32", stride_l_h="i32", stride_l_split="i32",
         qk_scale="fp32", tokens_per_batch="i32", topk="i32", x_topk="i32", split_len="i32", group="i32",
-        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN, PAGED=False,
+        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN, PAGED=False, PAGE_SHIFTS=False,
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
         WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
     )
@@ -445,8 +458,8 @@ def _register_compile_variants():
                           "D_QK": 512, "BLOCK_TAIL": 0, "HAS_TOPK_LENGTH": False,
                           "HAS_SINK": False}, **opts)
     # sparse decode (flash_mla_with_kvcache): paged caches, the extra cache, split partials
-    decode = {**deepseek, **_XPU_TILES_CONSTEXPRS, "PAGED": True, "HAS_EXTRA": True, "HAS_EXTRA_TOPK_LENGTH": True,
-              "WRITE_MAX": False}
+    decode = {**deepseek, **_XPU_TILES_CONSTEXPRS, "PAGED": True, "PAGE_SHIFTS": True, "HAS_EXTRA": True,
+              "HAS_EXTRA_TOPK_LENGTH": True, "WRITE_MAX": False}
     register_xpu_compile(_mla_sparse_kernel, "decode,bf16,D576,paged,extra,split,BH16xDV64,chunks64",
                          {**decode, "out_ptr": "*fp32", "HAS_SINK": False, "SPLIT": True}, **opts)
     # DeepSeek-V4's packed fp8 pages (bytes), dequantised to bf16 before each dot
@@ -549,6 +562,10 @@ def _offset_from(base: torch.Tensor, other: torch.Tensor) -> int:
     return delta // base.element_size()
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, page_size: int, num_rows: int,
                   indices, idx_strides, topk_length, tl_strides, attn_sink, out, o_strides, lse, l_strides,
                   sm_scale: float, tokens_per_batch: int, topk: int, layout: int, paged: bool,
@@ -562,13 +579,16 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
     # absent optional inputs: any tensor in their place (never read)
     x = extra or {}
     x_lengths = x.get("topk_length")
+    x_page_size = x.get("page_size", 1)
+    page_shifts = paged and _pow2(page_size) and _pow2(x_page_size)
     with device_guard(device):
         _mla_sparse_kernel[grid](
             q, *q_strides,
-            kv, *kv_strides, page_size, num_rows,
+            kv, *kv_strides, page_size, page_size.bit_length() - 1, num_rows,
             indices, *idx_strides,
             topk_length if topk_length is not None else indices, *tl_strides,
-            _offset_from(kv, x["kv"]) if extra else 0, *x.get("kv_strides", (0, 0)), x.get("page_size", 1),
+            _offset_from(kv, x["kv"]) if extra else 0, *x.get("kv_strides", (0, 0)), x_page_size,
+            x_page_size.bit_length() - 1,
             x.get("num_rows", 0),
             x.get("indices", indices), *x.get("idx_strides", (0, 0, 0)),
             x_lengths if x_lengths is not None else indices, x.get("tl_stride", 0),
@@ -579,7 +599,7 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             sm_scale * LOG2E, tokens_per_batch, topk, x.get("topk", 0), split_len, tiles["group"],
             D_QK=tiles["d_qk"], D_V=tiles["d_v"], BLOCK_H=tiles["BLOCK_H"], BLOCK_N=tiles["BLOCK_N"],
             BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"], SCORE_CHUNK=tiles["SCORE_CHUNK"],
-            BLOCK_DV=tiles["BLOCK_DV"], LAYOUT=layout, PAGED=paged,
+            BLOCK_DV=tiles["BLOCK_DV"], LAYOUT=layout, PAGED=paged, PAGE_SHIFTS=page_shifts,
             HAS_TOPK_LENGTH=topk_length is not None, HAS_EXTRA=extra is not None,
             HAS_EXTRA_TOPK_LENGTH=x_lengths is not None, HAS_SINK=attn_sink is not None and not split,
             SPLIT=split, WRITE_MAX=max_logits is not None,
