@@ -126,13 +126,13 @@ def compute_units(device: torch.device | str | int | None = None) -> int:
     return int(props.multi_processor_count)
 
 
-
 def l2_cache_bytes(device: torch.device | str | int | None = None) -> int | None:
     """The device's last-level (L2) cache in bytes, where torch reports it (CUDA); None elsewhere
     (XPU's device properties have no such field; the interpreter has no cache)."""
     if _HARDWARE_BACKEND != "cuda" or (device is not None and torch.device(device).type == "cpu"):
         return None
     return int(getattr(_properties("cuda", _index(device)), "L2_cache_size", 0) or 0) or None
+
 
 #: CUDA limits beside those torch reports: registers are given out per warp in this granule, each
 #: resident block reserves this much shared memory for the system, and an SM holds at most this

@@ -508,9 +508,13 @@ def _heuristic_config(group: int, dtype: torch.dtype, cache: str | None = None) 
     return dict(BLOCK_H=16 if group <= 16 else 32, BLOCK_N=32, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=2)
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def _pow2_at_least_16(value, name: str) -> int:
     value = int(value)
-    if value < 16 or value & (value - 1):
+    if value < 16 or not _pow2(value):
         raise ValueError(f"mla_sparse config: {name} must be a power of two >= 16, got {value}")
     return value
 
@@ -560,10 +564,6 @@ def _offset_from(base: torch.Tensor, other: torch.Tensor) -> int:
     if delta % base.element_size():
         raise ValueError("extra_k_cache must be aligned to its element size like k_cache")
     return delta // base.element_size()
-
-
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, page_size: int, num_rows: int,
