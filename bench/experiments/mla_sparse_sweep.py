@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1|2|3] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1|2|3|4] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -89,6 +89,11 @@ ROUND3 = {
                 cfg(64, 64, 8, 1, splits=4), cfg(64, 32, 8, 1, splits=4)] + [dict(cfg(64, 64, 8, 1), waves=w) for w in (2, 4)],
     "v4b8": [cfg(64, 64, 8, 1), cfg(64, 32, 8, 1, splits=8), cfg(64, 16, 8, 1, splits=8), cfg(64, 64, 8, 1, splits=10)],
 }
+#: the fourth round (``--round 4``): DeepSeek-V4 pages with the rope channels as their own piece
+#: (1 CTA an SM at 8 warps, 255 registers: 16 warps halve the accumulator a thread)
+V4_4 = [dict(c, min_split_tokens=64, waves=1) for c in (cfg(64, 64, 8, 1), cfg(64, 64, 8, 2), cfg(64, 64, 16, 1),
+                                                         cfg(64, 32, 16, 1), cfg(64, 32, 16, 2), cfg(64, 64, 16, 2))]
+ROUND4 = {name: V4_4 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 ROUND = 1
 
 
@@ -123,6 +128,8 @@ def build(kind, p, dev, mod=tx):
 
 
 def configs_for(name):
+    if ROUND == 4:
+        return ROUND4[name]
     if ROUND == 3:
         return ROUND3[name]
     if ROUND == 2:
@@ -152,13 +159,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3: ROUND3")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3: ROUND3; 4: ROUND4")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
     ROUND = args.round
     if args.cases is None:
-        args.cases = {2: ROUND2, 3: ",".join(ROUND3)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
+        args.cases = {2: ROUND2, 3: ",".join(ROUND3), 4: ",".join(ROUND4)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
     if args.child:
         child(json.loads(args.child))
         return 0

@@ -30,17 +30,18 @@ LSE for a combine). Tokens are ``(b, s)`` pairs (``tokens_per_batch`` = ``s``'s 
 
 Tiles: ``BLOCK_H`` heads x ``BLOCK_N`` entries; the score dot over ``d_qk`` either in two pieces
 held for the whole loop (the power-of-two part of ``d_qk`` and the rest: 512 + 64, ``SCORE_CHUNK =
-0``; the K tile's first ``d_v`` channels are then V) or in ``SCORE_CHUNK``-channel chunks re-read
-per tile, with the output channels split over ``BLOCK_DV``-wide slices, one program each (each
-repeats the score dot: the Intel tiles, where a ``16 x 512`` fp32 accumulator beside a
-``16 x 576`` K tile would spill). Configs come from ``tune.lookup("mla_sparse", ...)`` (bucket
-fields ``h`` = query heads per KV head rounded up to a power of two in 16..128, ``d`` = d_qk,
-``dtype``; the decode adds ``cache``). The H100's file holds tiles timed there (2026-11-28:
-64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles below, a ``waves`` count of
-programs per SM for the decode's splits and a ``min_split_tokens`` floor on a split's entries);
-elsewhere the built-in tiles are the largest that
-compile without spilling (Intel: native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x
-slower than the H100's on the H100.
+0``; the K tile's first ``d_v`` channels are then V; DeepSeek-V4 pages: the 448 fp8 channels and the
+64 bf16 rope channels, split at ``TAIL_AT``, V's rope channels in an accumulator of their own) or in
+``SCORE_CHUNK``-channel chunks re-read per tile, with the output channels split over
+``BLOCK_DV``-wide slices, one program each (each repeats the score dot: the Intel tiles, where a
+``16 x 512`` fp32 accumulator beside a ``16 x 576`` K tile would spill). Configs come from
+``tune.lookup("mla_sparse", ...)`` (bucket fields ``h`` = query heads per KV head rounded up to a
+power of two in 16..128, ``d`` = d_qk, ``dtype``; the decode adds ``cache``). The H100's file holds
+tiles timed there (2026-11-28: 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles
+below, a ``waves`` count of programs per SM for the decode's splits and a ``min_split_tokens``
+floor on a split's entries); elsewhere the built-in tiles are the largest that compile without
+spilling (Intel: native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the
+H100's on the H100.
 """
 from __future__ import annotations
 
@@ -125,14 +126,18 @@ def _ue8m0_to_f32(s):
 
 @triton.jit
 def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, D_QK: tl.constexpr,
-            LAYOUT: tl.constexpr, DTYPE: tl.constexpr, FP8_CVT: tl.constexpr):
+            LAYOUT: tl.constexpr, DTYPE: tl.constexpr, FP8_CVT: tl.constexpr, WIDE_ROPE: tl.constexpr):
     """Channels ``[c0, c0 + W)`` of the selected rows as ``[BLOCK_N, W]`` ``DTYPE`` (``c0`` a
     multiple of ``W``, known to lie in ``[LO, HI - W]``): ``rows`` / ``scale_rows`` are the rows'
     starts (elements of the cache's dtype for ``LAYOUT_PLAIN``, bytes otherwise), ``valid`` the rows
-    to read (others, and channels past ``d_qk``, give 0). fp8 channels are dequantised (tile scale
+    to read (others, and channels from ``D_QK`` on, give 0: a caller's channel end below the
+    rope's start leaves the rope out). fp8 channels are dequantised (tile scale
     applied: one per row for a slice within a tile, else one per tile of the slice) before the cast;
     ``FP8_CVT``: e4m3 bytes through the hardware conversion, else in integer arithmetic (Intel GPUs
-    and the interpreter have no fp8 arithmetic)."""
+    and the interpreter have no fp8 arithmetic). ``WIDE_ROPE``: a slice of rope channels alone is
+    addressed as contiguous bf16 (wide loads; sm_90: one 16-byte load a thread and row instead of a
+    2-byte gather a channel), else per channel (IGC: 1 KB spilled on bmg for V4 at 16 warps with the
+    wide form)."""
     cols = c0 + tl.arange(0, W)
     if LAYOUT == 0:
         k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI), other=0.0)
@@ -167,14 +172,18 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
                     scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=g_mask,
                                     other=1.0)
                 k = tl.reshape(tl.reshape(k, [BLOCK_N, G, TILE]) * scale[:, :, None], [BLOCK_N, W])
-        if HI > NOPE:
+        if HI > NOPE and D_QK > NOPE:
             rope_ptr = (rows + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
-            rope = tl.load(rope_ptr[:, None] + tl.where(cols >= NOPE, cols - NOPE, 0)[None, :],
-                           mask=valid[:, None] & ((cols >= NOPE) & (cols < D_QK))[None, :], other=0.0).to(tl.float32)
-            if LO < NOPE:
-                k = tl.where((cols < NOPE)[None, :], k, rope)
+            if LO >= NOPE and WIDE_ROPE:
+                k = tl.load(rope_ptr[:, None] + (cols - NOPE)[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI),
+                            other=0.0)
             else:
-                k = rope
+                rope = tl.load(rope_ptr[:, None] + tl.where(cols >= NOPE, cols - NOPE, 0)[None, :],
+                               mask=valid[:, None] & ((cols >= NOPE) & (cols < D_QK))[None, :], other=0.0).to(tl.float32)
+                if LO < NOPE:
+                    k = tl.where((cols < NOPE)[None, :], k, rope)
+                else:
+                    k = rope
         return k.to(DTYPE)
 
 
@@ -273,8 +282,9 @@ def _mla_sparse_kernel(
     D_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_MAIN: tl.constexpr,  # SCORE_CHUNK == 0: channels [0, BLOCK_MAIN) of the score dot ...
-    BLOCK_TAIL: tl.constexpr,  # ... and [BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL) (0: none)
+    BLOCK_MAIN: tl.constexpr,  # SCORE_CHUNK == 0: channels [0, TAIL_AT) of the score dot, BLOCK_MAIN wide ...
+    BLOCK_TAIL: tl.constexpr,  # ... and [TAIL_AT, TAIL_AT + BLOCK_TAIL) (0: none)
+    TAIL_AT: tl.constexpr,  # min(D_QK, BLOCK_MAIN), or DeepSeek-V4's rope start (its own piece, also for V)
     SCORE_CHUNK: tl.constexpr,  # > 0: the score dot in chunks of this many channels, q re-read per tile
     BLOCK_DV: tl.constexpr,  # output channels per program (a power of two)
     LAYOUT: tl.constexpr,
@@ -292,6 +302,9 @@ def _mla_sparse_kernel(
     NUM_DV: tl.constexpr = (D_V + BLOCK_DV - 1) // BLOCK_DV
     # the K tile of the held-q path is V too when one program owns all output channels in it
     V_FROM_K: tl.constexpr = (SCORE_CHUNK == 0 and NUM_DV == 1) and BLOCK_DV == BLOCK_MAIN
+    # ... with V's channels from TAIL_AT on in the tail piece (DeepSeek-V4: the 64 rope channels, a
+    # [BLOCK_N, 64] tile of their own beside the fp8 ones: no per-channel select of the two)
+    V_TAIL: tl.constexpr = V_FROM_K and D_V > TAIL_AT
     DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     t = tl.program_id(0)  # token (axis 0: up to 2^31 - 1 tokens)
     pid = tl.program_id(1)
@@ -328,11 +341,11 @@ def _mla_sparse_kernel(
     q_rows = q_ptr + b * stride_q_b + sq * stride_q_s + head * stride_q_h  # [BLOCK_H] row starts
     if SCORE_CHUNK == 0:
         cm = tl.arange(0, BLOCK_MAIN)
-        q_main = tl.load(q_rows[:, None] + cm[None, :], mask=_rows_cols_mask(row_ok, cm, D_QK, BLOCK_MAIN), other=0.0)
+        q_main = tl.load(q_rows[:, None] + cm[None, :], mask=_rows_cols_mask(row_ok, cm, TAIL_AT, BLOCK_MAIN), other=0.0)
         if BLOCK_TAIL > 0:
-            ct = BLOCK_MAIN + tl.arange(0, BLOCK_TAIL)
+            ct = TAIL_AT + tl.arange(0, BLOCK_TAIL)
             q_tail = tl.load(q_rows[:, None] + ct[None, :],
-                             mask=_rows_cols_mask(row_ok, ct, D_QK, BLOCK_MAIN + BLOCK_TAIL), other=0.0)
+                             mask=_rows_cols_mask(row_ok, ct, D_QK, TAIL_AT + BLOCK_TAIL), other=0.0)
     dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
     idx_row = idx_ptr + b * stride_i_b + sq * stride_i_s + kv_head.to(tl.int64) * stride_i_h
     kv_head_start = kv_head.to(tl.int64) * stride_kv_h
@@ -340,6 +353,8 @@ def _mla_sparse_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    if V_TAIL:
+        acc_tail = tl.zeros([BLOCK_H, BLOCK_TAIL], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         listed = offs < hi
@@ -365,11 +380,11 @@ def _mla_sparse_kernel(
             rows = kv_ptr + rows
             scale_rows = kv_ptr + scale_rows
         if SCORE_CHUNK == 0:
-            k_main = _k_cols(rows, scale_rows, valid, 0, BLOCK_MAIN, 0, BLOCK_MAIN, D_QK, LAYOUT, DTYPE, FP8_CVT)
+            k_main = _k_cols(rows, scale_rows, valid, 0, BLOCK_MAIN, 0, BLOCK_MAIN, TAIL_AT, LAYOUT, DTYPE, FP8_CVT, True)
             s = _score_dot(q_main, k_main, DOT_PRECISION)
             if BLOCK_TAIL > 0:
-                k_tail = _k_cols(rows, scale_rows, valid, BLOCK_MAIN, BLOCK_TAIL, BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL, D_QK,
-                                 LAYOUT, DTYPE, FP8_CVT)
+                k_tail = _k_cols(rows, scale_rows, valid, TAIL_AT, BLOCK_TAIL, TAIL_AT, TAIL_AT + BLOCK_TAIL, D_QK,
+                                 LAYOUT, DTYPE, FP8_CVT, True)
                 s = s + _score_dot(q_tail, k_tail, DOT_PRECISION)
         else:
             for c in tl.static_range((D_QK + SCORE_CHUNK - 1) // SCORE_CHUNK):
@@ -377,7 +392,7 @@ def _mla_sparse_kernel(
                 q_c = tl.load(q_rows[:, None] + cc[None, :],
                               mask=_rows_cols_mask(row_ok, cc, D_QK, (c + 1) * SCORE_CHUNK), other=0.0)
                 k_c = _k_cols(rows, scale_rows, valid, c * SCORE_CHUNK, SCORE_CHUNK, c * SCORE_CHUNK, (c + 1) * SCORE_CHUNK,
-                              D_QK, LAYOUT, DTYPE, FP8_CVT)
+                              D_QK, LAYOUT, DTYPE, FP8_CVT, False)
                 part = _score_dot(q_c.to(DTYPE), k_c, DOT_PRECISION)
                 s = part if c == 0 else s + part
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -386,10 +401,16 @@ def _mla_sparse_kernel(
             v = k_main
         else:
             v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE,
-                        FP8_CVT)
+                        FP8_CVT, False)
         acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+        if V_TAIL:
+            acc_tail = tl.dot(p.to(v.dtype), k_tail, acc=acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
 
-    if D_V % BLOCK_DV == 0:
+    if V_TAIL:
+        o_mask = row_ok[:, None] & (dv < TAIL_AT)[None, :]
+        dv_tail = TAIL_AT + tl.arange(0, BLOCK_TAIL)
+        o_tail_mask = _rows_cols_mask(row_ok, dv_tail, D_V, TAIL_AT + BLOCK_TAIL)
+    elif D_V % BLOCK_DV == 0:
         o_mask = row_ok[:, None]
     else:
         o_mask = row_ok[:, None] & (dv < D_V)[None, :]
@@ -400,6 +421,8 @@ def _mla_sparse_kernel(
         # this split's normalised output and natural-log LSE (-inf: no entry; the combine skips it)
         o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h + split * stride_o_split
         tl.store(o_rows[:, None] + dv[None, :], acc / l_safe[:, None], mask=o_mask)
+        if V_TAIL:
+            tl.store(o_rows[:, None] + dv_tail[None, :], acc_tail / l_safe[:, None], mask=o_tail_mask)
         if dv_tile == 0:
             lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)
             tl.store(lse_row + split * stride_l_split, lse, mask=row_ok)
@@ -411,9 +434,13 @@ def _mla_sparse_kernel(
             sink = tl.load(sink_ptr + head * stride_sink, mask=row_ok, other=float("-inf")).to(tl.float32) * _LOG2E
             m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
             denom = l_i + tl.exp2(sink - m_safe)  # a +inf sink: denominator inf, output 0
-        o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+        denom_safe = tl.where(denom > 0.0, denom, 1.0)
+        o = acc / denom_safe[:, None]
         o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h
         tl.store(o_rows[:, None] + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        if V_TAIL:
+            tl.store(o_rows[:, None] + dv_tail[None, :], (acc_tail / denom_safe[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=o_tail_mask)
         if dv_tile == 0:
             # natural-log units of the scaled logits; a token without a valid entry: max -inf, lse +inf
             lse = tl.where(no_key, float("inf"), (m_i + tl.log2(l_safe)) * _LN2)
@@ -444,11 +471,12 @@ def _register_compile_variants():
         max_logits_ptr="*fp32", stride_m_b="i32", stride_m_s="i32", stride_m_h="i32",
         lse_ptr="*fp32", stride_l_b="i32", stride_l_s="i32", stride_l_h="i32", stride_l_split="i32",
         qk_scale="fp32", tokens_per_batch="i32", topk="i32", x_topk="i32", split_len="i32", group="i32",
-        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN, PAGED=False, PAGE_SHIFTS=False,
+        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, TAIL_AT=512, LAYOUT=LAYOUT_PLAIN,
+        PAGED=False, PAGE_SHIFTS=False,
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
         WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
     )
-    opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
+    opts = dict(dots=3, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
     # 64 output channels a program (gathered rows: no 2D block reads)
     register_xpu_compile(_mla_sparse_kernel, "bf16,D576,DV512,BH16xDV64,chunks64,sink,topk_length",
@@ -544,7 +572,13 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     num_dv = cdiv(d_v, block_dv)
     # the score dot's held pieces: the largest power of two <= d_qk (at least 16), then the rest
     block_main = max(16, 1 << (d_qk.bit_length() - 1))
-    rest = d_qk - block_main
+    tail_at = min(d_qk, block_main)
+    if cache == "fp8_v4" and not score_chunk and d_qk == V4_NOPE + 64 and cdiv(d_v, block_dv) == 1:
+        # DeepSeek-V4's 64 bf16 rope channels as their own piece, V's too: the 448 fp8 channels
+        # dequantised alone (a 512-wide piece, 64 zero channels) instead of a select, channel by
+        # channel, between them and a masked 512-wide rope read
+        tail_at = V4_NOPE
+    rest = d_qk - tail_at
     block_tail = max(16, next_power_of_2(rest)) if rest > 0 else 0
     programs_per_token = h_kv * cdiv(group, block_h) * num_dv
     if programs_per_token > MAX_GRID_DIM_1:
@@ -553,7 +587,7 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
             f"need {programs_per_token} programs a token (at most {MAX_GRID_DIM_1})"
         )
     return dict(config=config, group=group, d_qk=d_qk, d_v=d_v, BLOCK_H=block_h, BLOCK_N=block_n,
-                BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail, SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
+                BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail, TAIL_AT=tail_at, SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
                 programs_per_token=programs_per_token)
 
 
@@ -598,7 +632,8 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             lse, *l_strides,
             sm_scale * LOG2E, tokens_per_batch, topk, x.get("topk", 0), split_len, tiles["group"],
             D_QK=tiles["d_qk"], D_V=tiles["d_v"], BLOCK_H=tiles["BLOCK_H"], BLOCK_N=tiles["BLOCK_N"],
-            BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"], SCORE_CHUNK=tiles["SCORE_CHUNK"],
+            BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"], TAIL_AT=tiles["TAIL_AT"],
+            SCORE_CHUNK=tiles["SCORE_CHUNK"],
             BLOCK_DV=tiles["BLOCK_DV"], LAYOUT=layout, PAGED=paged, PAGE_SHIFTS=page_shifts,
             HAS_TOPK_LENGTH=topk_length is not None, HAS_EXTRA=extra is not None,
             HAS_EXTRA_TOPK_LENGTH=x_lengths is not None, HAS_SINK=attn_sink is not None and not split,
