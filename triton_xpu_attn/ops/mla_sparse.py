@@ -105,6 +105,14 @@ def _score_dot(q, k, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _value_dot(p, v, acc, DOT_PRECISION: tl.constexpr):
+    """``acc + p @ v`` (``p [BLOCK_H, BLOCK_N]`` fp32 probabilities, cast to ``v``'s dtype): every
+    P @ V dot of the kernel (the main accumulator's and DeepSeek-V4's rope accumulator's) goes
+    through this one site."""
+    return tl.dot(p.to(v.dtype), v, acc=acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _e4m3_to_f32(b):
     """fp8 e4m3 (``float8_e4m3fn``) bytes (int32 0..255) to fp32, exactly, in integer arithmetic
     (no fp8 type needed: Intel GPUs have no fp8 units, the interpreter no fp8 arrays)."""
@@ -402,9 +410,9 @@ def _mla_sparse_kernel(
         else:
             v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE,
                         FP8_CVT, False)
-        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+        acc = _value_dot(p, v, acc * alpha[:, None], DOT_PRECISION)
         if V_TAIL:
-            acc_tail = tl.dot(p.to(v.dtype), k_tail, acc=acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
+            acc_tail = _value_dot(p, k_tail, acc_tail * alpha[:, None], DOT_PRECISION)
 
     if V_TAIL:
         o_mask = row_ok[:, None] & (dv < TAIL_AT)[None, :]
@@ -476,7 +484,7 @@ def _register_compile_variants():
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
         WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
     )
-    opts = dict(dots=3, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
+    opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
     # 64 output channels a program (gathered rows: no 2D block reads)
     register_xpu_compile(_mla_sparse_kernel, "bf16,D576,DV512,BH16xDV64,chunks64,sink,topk_length",
