@@ -290,6 +290,25 @@ def test_deepseek_v4_shapes_small(layout, s_q):
     check_case(case, 512**-0.5 if layout == "v4" else None)
 
 
+@pytest.mark.parametrize("config, cache, tail_at", [
+    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "fp8_v4", 448),
+    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "plain", 512),
+    # chunked score dot, or V read apart from K: the rope keeps its place in the 512-wide tile
+    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64, num_warps=8, num_stages=1), "fp8_v4", 512),
+    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=128, num_warps=4, num_stages=1), "fp8_v4", 512),
+])
+def test_v4_rope_channels_are_their_own_piece(config, cache, tail_at):
+    """DeepSeek-V4 pages with the held score dot and all of V in one program: the score and V
+    pieces split at the rope's start (448 fp8 channels, then 64 bf16 ones); other tiles and
+    layouts keep one 512-wide piece (d_qk 512 has no tail)."""
+    from triton_xpu_attn.ops.mla_sparse import sparse_tiles
+    with tune.override("mla_sparse_decode", config):
+        tiles = sparse_tiles(64, 1, 512, 512, torch.bfloat16, torch.device("cpu"), op="mla_sparse_decode",
+                             cache=cache)
+    assert (tiles["TAIL_AT"], tiles["BLOCK_MAIN"]) == (tail_at, 512)
+    assert tiles["BLOCK_TAIL"] == (64 if tail_at == 448 else 0)
+
+
 # ---- hand examples ----
 
 

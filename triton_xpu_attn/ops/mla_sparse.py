@@ -39,9 +39,9 @@ held for the whole loop (the power-of-two part of ``d_qk`` and the rest: 512 + 6
 power of two in 16..128, ``d`` = d_qk, ``dtype``; the decode adds ``cache``). The H100's file holds
 tiles timed there (2026-11-28: 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles
 below, a ``waves`` count of programs per SM for the decode's splits and a ``min_split_tokens``
-floor on a split's entries); elsewhere the built-in tiles are the largest that compile without
-spilling (Intel: native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the
-H100's on the H100.
+floor on a split's entries); the H200's file the same tiles for the buckets timed there (1.7-4x the
+built-in ones); elsewhere the built-in tiles are the largest that compile without spilling (Intel:
+native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
 """
 from __future__ import annotations
 
@@ -515,7 +515,8 @@ _register_compile_variants()
 
 
 def _heuristic_config(group: int, dtype: torch.dtype, cache: str | None = None) -> dict:
-    """Built-in tiles, where no config file covers ``mla_sparse`` / ``mla_sparse_decode`` (the H100's does)."""
+    """Built-in tiles, where no config file covers ``mla_sparse`` / ``mla_sparse_decode`` (the H100's
+    does; the H200's for the buckets timed there)."""
     # ``SCORE_CHUNK`` 0 = the score dot in two held pieces, ``BLOCK_DV`` 0 = all output channels in
     # one program. ``cache``: the decode's cache layout (None: prefill).
     backend = _device.backend()
