@@ -14,12 +14,13 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import triton_xpu_attn as tx  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench import bench_mla_sparse as sparse  # noqa: E402
+from mla_sparse_sweep import build  # noqa: E402
 
 
 def profiled(fn):
@@ -33,18 +34,10 @@ def profiled(fn):
 
 
 def v4(B: int, q_len: int):
-    dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
-    h, T = sparse.V4_HEADS, B * q_len
-    main_pool = max(4 * sparse.V4_PAGE, B * sparse.V4_PAGE)
-    x_pool = max(4096, B * 4096)
-    cache, _ = sparse.v4_cache(main_pool // sparse.V4_PAGE, sparse.V4_PAGE, dev, gen)
-    x_cache, _ = sparse.v4_cache(x_pool // sparse.V4_X_PAGE, sparse.V4_X_PAGE, dev, gen)
-    idx = sparse.distinct_indices(T, sparse.V4_TOPK, main_pool, dev, gen).view(B, q_len, -1)
-    x_idx = sparse.distinct_indices(T, sparse.V4_X_TOPK, x_pool, dev, gen).view(B, q_len, -1)
-    q = torch.randn(B, q_len, h, sparse.D_V4, device=dev, generator=gen).to(sparse.DTYPE)
+    # mla_sparse_sweep's DeepSeek-V4 case (its caches, lists and call)
+    _, fn = build("v4", dict(B=B, q_len=q_len), torch.device("cuda"))
     print(f"v4 B={B} q_len={q_len}", flush=True)
-    profiled(lambda: tx.flash_mla_with_kvcache(q, cache, None, None, sparse.D_V4, None, None, sparse.D_V4**-0.5,
-                                               False, True, idx, None, x_cache, x_idx))
+    profiled(fn)
 
 
 def topk(rows: int, width: int):
