@@ -115,7 +115,7 @@ def test_resident_programs_of_a_compiled_paged_kernel():
     if _device.backend() != "cuda":
         pytest.skip("occupancy is known on CUDA only")
     import triton_xpu_attn as ops
-    from triton_xpu_attn.ops import paged_attention as pa
+    from triton_xpu_attn.ops import paged_launch as pa
 
     pa._RESIDENT_PROGRAMS.clear()
     B, Hq, Hkv, D, P, L = 2, 8, 1, 128, 16, 2048

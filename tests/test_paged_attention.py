@@ -185,7 +185,7 @@ def test_automatic_splits_fill_whole_waves(monkeypatch, resident, expected):
     once (``device.resident_programs``, stubbed here: the interpreter has no occupancy), and the
     output is the same attention."""
     from triton_xpu_attn import device as _device
-    from triton_xpu_attn.ops import paged_attention as pa
+    from triton_xpu_attn.ops import paged_launch as pa
 
     used = []
     real_combine = pa.combine_splits
@@ -683,7 +683,7 @@ def test_absurd_max_seqlen_q_and_num_splits_keep_the_grid_bounded(entry, monkeyp
     from B = 64); num_splits past the grid's axis-2 limit is cut to it (MAX_GRID_DIM_1, 2 here).
     Results equal the reference."""
     from helpers import GridRecorder
-    from triton_xpu_attn.ops import paged_attention as pa
+    from triton_xpu_attn.ops import paged_launch as pa
 
     recorder = GridRecorder(pa._paged_attention_kernel, max_programs=4096)
     monkeypatch.setattr(pa, "_paged_attention_kernel", recorder)

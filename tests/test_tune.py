@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICE
 from triton_xpu_attn import flash_attn_with_kvcache, tune
 from triton_xpu_attn import tuner
-from triton_xpu_attn.ops import paged_attention as pa_mod
+from triton_xpu_attn.ops import paged_launch as pa_mod
 
 HEURISTIC = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 

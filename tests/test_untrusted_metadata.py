@@ -279,7 +279,7 @@ def test_intel_code_paths_give_the_same_results(device, monkeypatch, page_size):
     """The launcher's Intel-GPU code-generation choices (INTEL_GPU: 64-bit page clamp on gathers)
     give the same results, NaN rows past max_seqlen_q included."""
     from triton_xpu_attn import device as device_mod
-    from triton_xpu_attn.ops import paged_attention
+    from triton_xpu_attn.ops import paged_launch
 
     if device_mod.backend() != "interpreter":
         pytest.skip("the Intel choices are forced through the interpreter's launcher")
@@ -296,7 +296,7 @@ def test_intel_code_paths_give_the_same_results(device, monkeypatch, page_size):
                                                 max_seqlen_q=max_q, causal=True)
     plain = call()
     seen = []
-    real = paged_attention._paged_attention_kernel
+    real = paged_launch._paged_attention_kernel
 
     class IntelChoices:  # the kernel, launched with INTEL_GPU=True whatever the launcher asked for
         def __getitem__(self, grid):
@@ -305,7 +305,7 @@ def test_intel_code_paths_give_the_same_results(device, monkeypatch, page_size):
         def __getattr__(self, name):
             return getattr(real, name)
 
-    monkeypatch.setattr(paged_attention, "_paged_attention_kernel", IntelChoices())
+    monkeypatch.setattr(paged_launch, "_paged_attention_kernel", IntelChoices())
     intel = call()
     assert seen and seen[0] is False  # the interpreter's launcher asked for the NVIDIA choices; forced to Intel's
     nan_plain, nan_intel = torch.isnan(plain), torch.isnan(intel)

@@ -420,7 +420,7 @@ def test_gpu_prefill_sizes_bf16(shape):
 def test_config_bucket_family(monkeypatch, max_q, family):
     """Prefill-sized varlen calls look up their own "varlen" buckets (page field 256 by
     convention), falling back to a file's "prefill" buckets; decode-sized ones share decode's."""
-    from triton_xpu_attn.ops import paged_attention as pa_mod
+    from triton_xpu_attn.ops import paged_launch as pa_mod
 
     asked = []
     real = tune.lookup

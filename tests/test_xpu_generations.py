@@ -34,7 +34,7 @@ from triton_xpu_attn import device as _device
 from triton_xpu_attn import flash_attn_with_kvcache, flash_mla_decode, flash_mla_prefill
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
-from triton_xpu_attn.ops import mla, mla_decode, mla_prefill, paged_attention
+from triton_xpu_attn.ops import mla, mla_decode, mla_prefill, paged_attention, paged_launch
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="simulates XPU launches under the interpreter")
 
@@ -287,8 +287,8 @@ def test_paged_attention_launches_the_generations_path(generation, monkeypatch, 
     if case == "fp8 score chunks":
         k, v = (k.float() * 2).to(torch.float8_e4m3fn), (v.float() * 2).to(torch.float8_e4m3fn)
         k_scale, v_scale = torch.tensor(0.5), torch.tensor(0.25)
-    spy = _Spy(paged_attention._paged_attention_kernel, run=_runs(generation))
-    monkeypatch.setattr(paged_attention, "_paged_attention_kernel", spy)
+    spy = _Spy(paged_launch._paged_attention_kernel, run=_runs(generation))
+    monkeypatch.setattr(paged_launch, "_paged_attention_kernel", spy)
     with tune.override("paged_attention", config) if config else contextlib.nullcontext():
         out = flash_attn_with_kvcache(
             q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache_seqlens=lens.to(DEVICE), page_table=table.to(DEVICE),

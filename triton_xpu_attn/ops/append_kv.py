@@ -32,6 +32,8 @@ from .. import device as _device
 from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_bool, check_int, check_page_size, check_same_device,
                        check_tensor, check_window, device_guard, dtype_names, next_power_of_2, register_xpu_compile)
 from .kv_cache import _store_rows, request_of
+from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM
+from .paged_launch import _as_scale, _check_heads, _launch, _validate
 
 # elements of one [BLOCK_T, BLOCK_D] tile: the rotation holds four fp32 tiles (x, its pair, cos,
 # sin) and gathers through 64-bit addresses; 8 x 128 spilled 384-576 B a thread on PVC / BMG (the
@@ -392,7 +394,6 @@ def append_and_attend(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *, cach
     ``cache_batch_idx``, ``cache_leftpad`` or a contiguous cache (``page_table`` None): the new
     tokens are written (ops/append_kv.py), then the attention runs over ``cache_seqlens + new``
     keys of each cache row through a page table built on the device."""
-    from .paged_attention import _PER_REQUEST, _SEARCH, _UNIFORM, _as_scale, _check_heads, _launch, _validate
     if (k is None) != (v is None):
         missing = "v" if v is None else "k"
         raise ValueError(f"{missing}: the new keys k and values v to append must be given together")

@@ -19,7 +19,8 @@ from .._common import (
     check_tensor,
     validate_query_offsets,
 )
-from .paged_attention import _PER_REQUEST, _SEARCH, _check_heads, _launch
+from .paged_kernel import _PER_REQUEST, _SEARCH
+from .paged_launch import _check_heads, _launch
 
 _UNSUPPORTED = {
     "qv": "qv (absorbed-MLA extend) is not supported: concatenate it into q/k beforehand",
