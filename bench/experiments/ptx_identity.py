@@ -12,6 +12,13 @@ so no GPU A/B is needed for it.
 The second form compares ``_mla_attention_kernel`` (ops/mla.py) the same way: every
 registered variant with the XPU-only ``LATENT_CHUNK`` at 0, and as CUDA's whole-channel tiles.
 
+    TRITON_INTERPRET=0 python bench/experiments/ptx_identity.py OLD_COPY.py --kernel index_order:_bucket_order_kernel \
+        [--also '{"CHUNK": 256}' ...]
+
+The third form compares any kernel of ``ops/<module>.py`` (an old copy of that module against
+today's): every registered variant as registered, and again with each ``--also`` dict of
+constexprs over it (the tiles CUDA launches, where they differ from the registered XPU ones).
+
 Use the Triton the GPU runs (e.g. put a triton==3.6.0 wheel's folder first on PYTHONPATH): PTX
 from another Triton version says nothing about that GPU's code.
 """
@@ -96,6 +103,27 @@ def main_mla(path: str) -> int:
     return 0 if different == 0 else 1
 
 
+def main_kernel(path: str, spec: str, also: list[dict]) -> int:
+    """``ops/<module>.py``'s ``kernel`` from an old copy of the module against today's."""
+    import importlib
+
+    module_name, kernel_name = spec.split(":")
+    today_mod = importlib.import_module(f"triton_xpu_attn.ops.{module_name}")
+    old = load_old_op(path, module_name)
+    variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is getattr(today_mod, kernel_name)]
+    print(f"triton {triton.__version__}, target {TARGET}: {path} vs today's ops/{module_name}.py, {kernel_name}")
+    different = 0
+    for v in variants:
+        for extra in [{}, *also]:
+            options = {k: v.options[k] for k in ("num_warps", "num_stages") if k in v.options}
+            fn_old, fn_new = getattr(old, kernel_name), getattr(today_mod, kernel_name)
+            a = _compiled_ptx(fn_old, dict(v.signature), {**v.constexprs, **extra}, fn_old.arg_names, options, kernel_name)
+            b = _compiled_ptx(fn_new, dict(v.signature), {**v.constexprs, **extra}, fn_new.arg_names, options, kernel_name)
+            different += a != b
+            print(f"{v.label} {extra or ''}: {'identical' if a == b else 'DIFFERENT'} PTX")
+    return 0 if different == 0 and variants else 1
+
+
 def main() -> int:
     old = load_old_op(sys.argv[1])
     variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is today._paged_attention_kernel]
@@ -129,4 +157,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[2:3] == ["--kernel"]:
+        import json
+
+        extras = [json.loads(sys.argv[i + 1]) for i, a in enumerate(sys.argv) if a == "--also"]
+        sys.exit(main_kernel(sys.argv[1], sys.argv[3], extras))
     sys.exit(main_mla(sys.argv[1]) if sys.argv[2:3] in (["mla"], ["mla_decode"]) else main())

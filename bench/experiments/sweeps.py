@@ -41,13 +41,10 @@ def load_old_op(path, op="paged_attention"):
     return module
 
 
-
 def _forced(run, config):
     with tune.override("paged_attention", config):
         return run()
 
-
-#: new/old time ratio above which ab_paged fails (run-to-run noise of graph replays: about 1%)
 
 #: new/old time ratio above which ab_paged fails (run-to-run noise of graph replays: about 1%)
 SLOWER = 1.03

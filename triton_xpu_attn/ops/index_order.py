@@ -58,7 +58,14 @@ def _word_prefix(counts, base):
 
 @triton.jit
 def _word_total(counts):
+    """The sum of the four 16-bit fields of ``counts``."""
     return (counts + (counts >> 16) + (counts >> 32) + (counts >> 48)) & 0xFFFF
+
+
+@triton.jit
+def _bucket_bit(bucket, CHUNK: tl.constexpr):
+    """Each entry's 1 in its bucket's 16-bit field of the bucket's word (``bucket & 3``)."""
+    return tl.full([CHUNK], 1, dtype=tl.int64) << ((bucket & 3) * 16).to(tl.int64)
 
 
 @triton.jit
@@ -106,7 +113,7 @@ def _bucket_order_kernel(
     c3 = zero
     for start in range(0, n, CHUNK):
         k, listed, valid, idx, bucket = _chunk_buckets(row, stride_i_k, start, n, num_rows, shift, CHUNK)
-        one = tl.where(listed, tl.full([CHUNK], 1, dtype=tl.int64) << ((bucket & 3) * 16).to(tl.int64), 0)
+        one = tl.where(listed, _bucket_bit(bucket, CHUNK), 0)
         word = bucket >> 2
         c0 += tl.sum(tl.where(word == 0, one, 0), axis=0)
         if NUM_BUCKETS > 4:
@@ -114,14 +121,17 @@ def _bucket_order_kernel(
         if NUM_BUCKETS > 8:
             c2 += tl.sum(tl.where(word == 2, one, 0), axis=0)
             c3 += tl.sum(tl.where(word == 3, one, 0), axis=0)
-    # each bucket's first slot
+    # each bucket's first slot: the entries of the words before its own, then of the buckets
+    # before it in its word
+    before1 = _word_total(c0)
+    before2 = before1 + _word_total(c1)
     n0 = _word_prefix(c0, zero)
-    n1 = _word_prefix(c1, _word_total(c0))
-    n2 = _word_prefix(c2, _word_total(c0) + _word_total(c1))
-    n3 = _word_prefix(c3, _word_total(c0) + _word_total(c1) + _word_total(c2))
+    n1 = _word_prefix(c1, before1)
+    n2 = _word_prefix(c2, before2)
+    n3 = _word_prefix(c3, before2 + _word_total(c2))
     for start in range(0, n, CHUNK):
         k, listed, valid, idx, bucket = _chunk_buckets(row, stride_i_k, start, n, num_rows, shift, CHUNK)
-        one = tl.full([CHUNK], 1, dtype=tl.int64) << ((bucket & 3) * 16).to(tl.int64)
+        one = _bucket_bit(bucket, CHUNK)
         dest = k.to(tl.int64)
         dest, n0 = _place_word(n0, one, bucket, listed, dest, 0)
         if NUM_BUCKETS > 4:

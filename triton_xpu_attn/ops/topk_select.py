@@ -436,7 +436,7 @@ def _options(block: int, backend: str | None = None) -> dict:
     return dict(num_warps=min(16, max(4, block // 512)), num_stages=1)
 
 
-#: one-shot launches of at least this many rows per compute unit run on 4 warps (CUDA)
+#: one-shot launches of at least this many rows per compute unit run on 4 warps (on MANY_ROWS_BACKENDS)
 MANY_ROWS_PER_UNIT = 4
 #: two-kernel launches of at least this many rows per compute unit (one program a row) take the
 #: many-row geometry below on these backends: warps per candidates / select program, and the
@@ -448,13 +448,19 @@ MANY_ROWS_SELECT_WARPS = 8
 MANY_ROWS_BLOCK = 1024
 
 
+def _many_rows(rows: int, per_unit: int, device) -> bool:
+    """Whether a launch of ``rows`` rows takes the many-row geometry: at least ``per_unit`` rows
+    per compute unit, on a backend of ``MANY_ROWS_BACKENDS`` (throughput over one row's latency)."""
+    return rows > 0 and _device.backend() in MANY_ROWS_BACKENDS and rows >= per_unit * _device.compute_units(device)
+
+
 def _launch_options(block: int, rows: int = 0, device=None) -> dict:
-    """``_options``, except one-shot selections of many rows on CUDA: 4 warps a row, not up to 16.
-    The bisection's 32 dependent steps each end in a block-wide sum; with many rows a unit runs
-    several 4-warp programs side by side instead (H100, 1024 rows of 5120: 0.73-0.79x the time of
-    16 warps; for few rows 4 warps cost 1.3-1.5x: bench/results/*/experiments/topk_warps.txt)."""
+    """``_options``, except one-shot selections of many rows (``_many_rows``): 4 warps a row, not
+    up to 16. The bisection's 32 dependent steps each end in a block-wide sum; with many rows a
+    unit runs several 4-warp programs side by side instead (H100, 1024 rows of 5120: 0.73-0.79x the
+    time of 16 warps; for few rows 4 warps cost 1.3-1.5x: bench/results/*/experiments/topk_warps.txt)."""
     options = _options(block)
-    if rows and _device.backend() == "cuda" and rows >= MANY_ROWS_PER_UNIT * _device.compute_units(device):
+    if _many_rows(rows, MANY_ROWS_PER_UNIT, device):
         options["num_warps"] = 4
     return tune.launch_options(options)
 
@@ -505,7 +511,7 @@ def _select(score, lengths, row_starts, topk, out, *, raw=None, mode=MODE_INDEX,
         maxima = torch.empty((regions, GROUPS), dtype=torch.int32, device=device) if splits > 1 else stand_in
         step = STREAM_BLOCK
         options = select_options = _launch_options(max(GROUPS, CAPACITY, STREAM_BLOCK))
-        if _device.backend() in MANY_ROWS_BACKENDS and rows >= MANY_ROWS_TWO_KERNEL * _device.compute_units(device):
+        if _many_rows(rows, MANY_ROWS_TWO_KERNEL, device):
             # throughput, not one row's latency: smaller programs, several a unit side by side (each
             # step ends in block-wide sums). H100: 0.57-0.65x the time from 1024 rows up; at 1-2 rows a
             # unit and 64k-128k keys the 16-warp programs stay faster (experiments/topk_geometry.txt)
