@@ -407,6 +407,28 @@ def test_split_count_does_not_change_the_result():
         assert torch.allclose(out, base[0], atol=1e-5) and torch.allclose(lse, base[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["plain", "v4"])
+def test_splits_across_the_two_lists(layout):
+    """The kernel walks the main list's tiles, then the extra list's: a split's share of the joined
+    list may end, start or lie inside either, the main list may end mid-tile or be empty, the extra
+    one too. Counted lengths 0 / 1 / 15-17 against 16-entry tiles, 1 to 4 splits: the reference's
+    result each time (uncounted cache tokens of either list hold NaN)."""
+    gen = torch.Generator().manual_seed(5)
+    for n_main, n_extra in ((0, 33), (17, 0), (1, 17), (16, 1), (15, 33), (40, 16)):
+        case = make_case(gen, B=2, s_q=1, h_q=16, layout=layout, page_size=2, num_pages=24, topk=40,
+                         dtype=torch.bfloat16 if layout != "plain" else torch.float32, extra=(4, 4, 33, False))
+        case["topk_length"] = torch.tensor([n_main, 40 - n_main], dtype=torch.int32)
+        case["extra_topk_length"] = torch.tensor([n_extra, 33], dtype=torch.int32)
+        for key, idx, lengths in (("k_cache", "indices", "topk_length"),
+                                  ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")):
+            cache = case[key]
+            tokens = cache.shape[0] * cache.shape[1]
+            poison_tokens(cache, layout, sorted(set(range(tokens)) - counted_tokens(case[idx], case[lengths], tokens)))
+        for splits in (1, 2, 3, 4):
+            config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
+            check_case(case, 0.05, config=config)
+
+
 @pytest.mark.parametrize("combine_elements", [2048, 32])
 def test_combine_block_covers_rows_and_blocks(monkeypatch, combine_elements):
     """The combine merges whole rows where splits are few (one program a token and head) and
