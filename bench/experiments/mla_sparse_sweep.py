@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1|2|3|4|5] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-6] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -100,6 +100,11 @@ V4_5 = [dict(c, min_split_tokens=64, waves=w) for c, w in ((cfg(64, 64, 8, 1), 1
                                                           (cfg(64, 32, 8, 1), 1), (cfg(64, 32, 8, 2), 1),
                                                           (cfg(64, 64, 8, 2), 2))]
 ROUND5 = {name: V4_5 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
+#: the sixth round (``--round 6``): DeepSeek-V4 split counts at 2 stages (forced ``SPLITS``, or the
+#: automatic count with a longer shortest split)
+V4_6 = ([dict(cfg(64, 64, 8, 2, splits=n), min_split_tokens=64, waves=1) for n in (1, 2, 3, 4, 5, 6, 8, 10)]
+        + [dict(cfg(64, 64, 8, 2), min_split_tokens=m, waves=1) for m in (128, 192)])
+ROUND6 = {name: V4_6 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 ROUND = 1
 
 
@@ -134,6 +139,8 @@ def build(kind, p, dev, mod=tx):
 
 
 def configs_for(name):
+    if ROUND == 6:
+        return ROUND6[name]
     if ROUND == 5:
         return ROUND5[name]
     if ROUND == 4:
@@ -167,13 +174,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-5: ROUND3-ROUND5")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-6: ROUND3-ROUND6")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
     ROUND = args.round
     if args.cases is None:
-        args.cases = {2: ROUND2, 3: ",".join(ROUND3), 4: ",".join(ROUND4), 5: ",".join(ROUND5)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
+        args.cases = {2: ROUND2, 3: ",".join(ROUND3), 4: ",".join(ROUND4), 5: ",".join(ROUND5), 6: ",".join(ROUND6)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
     if args.child:
         child(json.loads(args.child))
         return 0
