@@ -41,7 +41,8 @@ power of two in 16..128, ``d`` = d_qk, ``dtype``; the decode adds ``cache``). Th
 tiles timed there (2026-11-28: 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles
 below, a ``waves`` count of programs per SM for the decode's splits and a ``min_split_tokens``
 floor on a split's entries); the H200's file the same tiles, timed there (1.7-4x the built-in ones;
-prefill h 32 / 64 1.2-1.4x the nearest bucket's; DeepSeek-V4 on 2 stages); elsewhere the built-in tiles are the largest that compile without spilling (Intel:
+prefill h 32 / 64 1.2-1.4x the nearest bucket's; DeepSeek-V4 on 2 stages, decode h 16 on 16 x 64
+entries); elsewhere the built-in tiles are the largest that compile without spilling (Intel:
 native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
 """
 from __future__ import annotations
