@@ -105,6 +105,8 @@ ROUND5 = {name: V4_5 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 V4_6 = ([dict(cfg(64, 64, 8, 2, splits=n), min_split_tokens=64, waves=1) for n in (1, 2, 3, 4, 5, 6, 8, 10)]
         + [dict(cfg(64, 64, 8, 2), min_split_tokens=m, waves=1) for m in (128, 192)])
 ROUND6 = {name: V4_6 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
+#: the rounds from 3 on: case -> its configs (``--round N`` runs them all by default)
+CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6}
 ROUND = 1
 
 
@@ -139,14 +141,8 @@ def build(kind, p, dev, mod=tx):
 
 
 def configs_for(name):
-    if ROUND == 6:
-        return ROUND6[name]
-    if ROUND == 5:
-        return ROUND5[name]
-    if ROUND == 4:
-        return ROUND4[name]
-    if ROUND == 3:
-        return ROUND3[name]
+    if ROUND in CASE_ROUNDS:
+        return CASE_ROUNDS[ROUND][name]
     if ROUND == 2:
         return FP8_2 if CASES[name][0] == "v4" else PLAIN2
     return FP8 if CASES[name][0] == "v4" else PLAIN
@@ -180,7 +176,8 @@ def main() -> int:
     global ROUND
     ROUND = args.round
     if args.cases is None:
-        args.cases = {2: ROUND2, 3: ",".join(ROUND3), 4: ",".join(ROUND4), 5: ",".join(ROUND5), 6: ",".join(ROUND6)}.get(ROUND, "prefill128,prefill16,decode128,decode16,v4b32,v4b128")
+        default = "prefill128,prefill16,decode128,decode16,v4b32,v4b128"
+        args.cases = ROUND2 if ROUND == 2 else ",".join(CASE_ROUNDS[ROUND]) if ROUND in CASE_ROUNDS else default
     if args.child:
         child(json.loads(args.child))
         return 0

@@ -112,11 +112,11 @@ def main_kernel(path: str, spec: str, also: list[dict]) -> int:
     old = load_old_op(path, module_name)
     variants = [v for v in _common.COMPILE_VARIANTS if v.kernel is getattr(today_mod, kernel_name)]
     print(f"triton {triton.__version__}, target {TARGET}: {path} vs today's ops/{module_name}.py, {kernel_name}")
+    fn_old, fn_new = getattr(old, kernel_name), getattr(today_mod, kernel_name)
     different = 0
     for v in variants:
+        options = {k: v.options[k] for k in ("num_warps", "num_stages") if k in v.options}
         for extra in [{}, *also]:
-            options = {k: v.options[k] for k in ("num_warps", "num_stages") if k in v.options}
-            fn_old, fn_new = getattr(old, kernel_name), getattr(today_mod, kernel_name)
             a = _compiled_ptx(fn_old, dict(v.signature), {**v.constexprs, **extra}, fn_old.arg_names, options, kernel_name)
             b = _compiled_ptx(fn_new, dict(v.signature), {**v.constexprs, **extra}, fn_new.arg_names, options, kernel_name)
             different += a != b

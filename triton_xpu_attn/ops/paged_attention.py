@@ -43,11 +43,9 @@ from . import paged_latent
 from . import paged_registry  # noqa: F401  (registers the kernel's XPU compile variants)
 from .paged_registry import xpu_launch_shape  # noqa: F401  (read by bench/experiments/xpu_cost_model.py)
 # (tiles and the kernel: read from here by tools and tests)
-from .paged_config import (_heuristic_config, _kv_descriptors, _kv_load, query_heads_per_block,  # noqa: F401
-                           query_rows_descriptors, score_chunk, xpu_tiles)
-from .paged_kernel import (_PER_REQUEST, _SEARCH, _UNIFORM, MAX_HEAD_DIM, MAX_HEAD_DIM_QK,  # noqa: F401
-                           _paged_attention_kernel)
-from .paged_launch import _RESIDENT_PROGRAMS, _check_heads, _launch, _validate  # noqa: F401
+from .paged_config import _heuristic_config, _kv_load, query_heads_per_block, score_chunk, xpu_tiles  # noqa: F401
+from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM, _paged_attention_kernel  # noqa: F401
+from .paged_launch import _check_heads, _launch, _validate
 
 #: arguments of sgl-kernel-xpu's signature that would change the result and are not implemented:
 #: anything but None raises, naming the argument (never silently dropped). Arguments that change
