@@ -332,7 +332,8 @@ def _mla_sparse_kernel(
     head = (kv_head * group + local).to(tl.int64)
 
     # entries that count: the first topk_length of the list (clamped to [0, topk]), then (HAS_EXTRA)
-    # the first extra_topk_length of the extra list, walked as one list [main | extra]
+    # the first extra_topk_length of the extra list: the joined list [main | extra] splits share out
+    # (the loop below walks it list by list)
     n_main = topk
     if HAS_TOPK_LENGTH:
         n_main = tl.minimum(tl.maximum(tl.load(topk_length_ptr + b * stride_tl_b + sq * stride_tl_s), 0), topk)
