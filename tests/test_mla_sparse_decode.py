@@ -165,6 +165,12 @@ def counted_tokens(indices, lengths, num_tokens):
     return set(indices[ok].long().tolist())
 
 
+def poison_uncounted(cache: torch.Tensor, layout: str, indices, lengths) -> None:
+    """NaN in every token of ``cache`` that no counted entry of ``indices`` names."""
+    num_tokens = cache.shape[0] * cache.shape[1]
+    poison_tokens(cache, layout, sorted(set(range(num_tokens)) - counted_tokens(indices, lengths, num_tokens)))
+
+
 def make_case(gen, *, B, s_q, h_q, layout, dtype, page_size, num_pages, topk, extra=None, topk_length=False,
               sink=False, index_dtype=torch.int32, strided=False, lonely=False):
     """A problem on the host; every cache token no counted entry names is NaN."""
@@ -176,7 +182,7 @@ def make_case(gen, *, B, s_q, h_q, layout, dtype, page_size, num_pages, topk, ex
     if lonely:
         idx[0] = -1
     lengths = make_lengths(gen, B, topk) if topk_length else None
-    poison_tokens(cache, layout, sorted(set(range(n_tok)) - counted_tokens(idx, lengths, n_tok)))
+    poison_uncounted(cache, layout, idx, lengths)
     case = dict(q=q, k_cache=cache, indices=idx, topk_length=lengths, layout=layout, attn_sink=None,
                 extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
     if sink:
@@ -191,7 +197,7 @@ def make_case(gen, *, B, s_q, h_q, layout, dtype, page_size, num_pages, topk, ex
         x_tok = x_pages * x_page_size
         x_idx = make_indices(gen, B, s_q, x_topk, x_tok, index_dtype)
         x_len = make_lengths(gen, B, x_topk) if x_length else None
-        poison_tokens(x_cache, layout, sorted(set(range(x_tok)) - counted_tokens(x_idx, x_len, x_tok)))
+        poison_uncounted(x_cache, layout, x_idx, x_len)
         case.update(extra_k_cache=x_cache, extra_indices_in_kvcache=x_idx, extra_topk_length=x_len)
     return case
 
@@ -385,7 +391,7 @@ def test_queries_without_a_valid_entry(layout, splits):
     x_idx = case["extra_indices_in_kvcache"]
     x_idx[:4] = -1  # batches 0-3 have no extra entry; batch 4 keeps its own
     case["extra_topk_length"] = torch.tensor([6, 6, 6, 6, 6], dtype=torch.int32)
-    poison_tokens(case["k_cache"], layout, sorted(set(range(n_tok)) - counted_tokens(idx, case["topk_length"], n_tok)))
+    poison_uncounted(case["k_cache"], layout, idx, case["topk_length"])
     config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
     out, lse = check_case(case, 0.05, config=config)
     assert torch.all(out[:2] == 0) and torch.all(out[3] == 0) and torch.all(out[2, 0] == 0)
@@ -419,11 +425,8 @@ def test_splits_across_the_two_lists(layout):
                          dtype=torch.bfloat16 if layout != "plain" else torch.float32, extra=(4, 4, 33, False))
         case["topk_length"] = torch.tensor([n_main, 40 - n_main], dtype=torch.int32)
         case["extra_topk_length"] = torch.tensor([n_extra, 33], dtype=torch.int32)
-        for key, idx, lengths in (("k_cache", "indices", "topk_length"),
-                                  ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")):
-            cache = case[key]
-            tokens = cache.shape[0] * cache.shape[1]
-            poison_tokens(cache, layout, sorted(set(range(tokens)) - counted_tokens(case[idx], case[lengths], tokens)))
+        poison_uncounted(case["k_cache"], layout, case["indices"], case["topk_length"])
+        poison_uncounted(case["extra_k_cache"], layout, case["extra_indices_in_kvcache"], case["extra_topk_length"])
         for splits in (1, 2, 3, 4):
             config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
             check_case(case, 0.05, config=config)
