@@ -296,23 +296,20 @@ def test_deepseek_v4_shapes_small(layout, s_q):
     check_case(case, 512**-0.5 if layout == "v4" else None)
 
 
-@pytest.mark.parametrize("config, cache, tail_at", [
-    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "fp8_v4", 448),
-    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "plain", 512),
-    # chunked score dot, or V read apart from K: the rope keeps its place in the 512-wide tile
-    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64, num_warps=8, num_stages=1), "fp8_v4", 512),
-    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=128, num_warps=4, num_stages=1), "fp8_v4", 512),
+@pytest.mark.parametrize("config, cache", [
+    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "fp8_v4"),
+    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=8, num_stages=1), "plain"),
+    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64, num_warps=8, num_stages=1), "fp8_v4"),
+    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=128, num_warps=4, num_stages=1), "fp8_v4"),
 ])
-def test_v4_rope_channels_are_their_own_piece(config, cache, tail_at):
-    """DeepSeek-V4 pages with the held score dot and all of V in one program: the score and V
-    pieces split at the rope's start (448 fp8 channels, then 64 bf16 ones); other tiles and
-    layouts keep one 512-wide piece (d_qk 512 has no tail)."""
+def test_d512_tiles_hold_one_512_wide_piece(config, cache):
+    """d_qk 512 has no tail piece, whatever the layout: DeepSeek-V4's held score dot reads its 448
+    fp8 channels and 64 rope channels as one 512-wide K tile (the rope its last 64 channels)."""
     from triton_xpu_attn.ops.mla_sparse import sparse_tiles
     with tune.override("mla_sparse_decode", config):
         tiles = sparse_tiles(64, 1, 512, 512, torch.bfloat16, torch.device("cpu"), op="mla_sparse_decode",
                              cache=cache)
-    assert (tiles["TAIL_AT"], tiles["BLOCK_MAIN"]) == (tail_at, 512)
-    assert tiles["BLOCK_TAIL"] == (64 if tail_at == 448 else 0)
+    assert (tiles["BLOCK_MAIN"], tiles["BLOCK_TAIL"]) == (512, 0)
 
 
 # ---- hand examples ----
@@ -411,6 +408,28 @@ def test_split_count_does_not_change_the_result():
         if base is None:
             base = (out, lse)
         assert torch.allclose(out, base[0], atol=1e-5) and torch.allclose(lse, base[1], atol=1e-5)
+
+
+def test_nan_in_a_selected_row_is_not_dropped_by_the_combine():
+    """A cache token holding NaN that token 0's list names reaches token 0's output however the
+    list is split (the combine merges the split that read it, not only its LSE); token 1, which
+    does not name it, keeps the reference's result."""
+    gen = torch.Generator().manual_seed(17)
+    case = make_case(gen, B=2, s_q=1, h_q=16, layout="plain", dtype=torch.float32, page_size=2, num_pages=40,
+                     topk=48)
+    idx = case["indices"]
+    bad = int(idx[0, 0, 40])
+    assert 0 <= bad < 80
+    idx[1][idx[1] == bad] = -1
+    poisoned = dict(case, k_cache=case["k_cache"].clone())
+    poison_tokens(poisoned["k_cache"], "plain", [bad])
+    exp_out, _ = ref.mla_sparse_decode(case["q"], case["k_cache"], idx, 512, 0.05, False)
+    for splits in (1, 2, 3, 4):
+        config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
+        out, _ = run_op(poisoned, 0.05, config=config)
+        out = out.cpu()
+        assert torch.isnan(out[0]).all(), f"{splits} splits: the NaN token was dropped"
+        assert_close(out[1], exp_out[1], torch.float32)
 
 
 @pytest.mark.parametrize("layout", ["plain", "v4"])

@@ -31,8 +31,8 @@ LSE for a combine). Tokens are ``(b, s)`` pairs (``tokens_per_batch`` = ``s``'s 
 
 Tiles: ``BLOCK_H`` heads x ``BLOCK_N`` entries; the score dot over ``d_qk`` either in two pieces
 held for the whole loop (the power-of-two part of ``d_qk`` and the rest: 512 + 64, ``SCORE_CHUNK =
-0``; the K tile's first ``d_v`` channels are then V; DeepSeek-V4 pages: the 448 fp8 channels and the
-64 bf16 rope channels, split at ``TAIL_AT``, V's rope channels in an accumulator of their own) or in
+0``; the K tile's first ``d_v`` channels are then V; DeepSeek-V4 pages: one 512-wide piece, its
+448 fp8 channels dequantised and its last 64 the bf16 rope channels read as one contiguous tile) or in
 ``SCORE_CHUNK``-channel chunks re-read per tile, with the output channels split over
 ``BLOCK_DV``-wide slices, one program each (each repeats the score dot: the Intel tiles, where a
 ``16 x 512`` fp32 accumulator beside a ``16 x 576`` K tile would spill). Configs come from
@@ -41,9 +41,9 @@ power of two in 16..128, ``d`` = d_qk, ``dtype``; the decode adds ``cache``). Th
 tiles timed there (2026-11-28: 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles
 below, a ``waves`` count of programs per SM for the decode's splits and a ``min_split_tokens``
 floor on a split's entries); the H200's file the same tiles, timed there (1.7-4x the built-in ones;
-prefill h 32 / 64 1.2-1.4x the nearest bucket's; DeepSeek-V4 on 2 stages, decode h 16 on 16 x 64
-entries); elsewhere the built-in tiles are the largest that compile without spilling (Intel:
-native code through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
+prefill h 32 / 64 1.2-1.4x the nearest bucket's; decode h 16 on 16 x 64 entries); elsewhere the
+built-in tiles are the largest that compile without spilling (Intel: native code through ocloc;
+NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ from .._common import (
     MAX_GRID_DIM_1,
     cdiv,
     device_guard,
+    gdc_launch_dependents,
     next_power_of_2,
     register_xpu_compile,
     softmax_step,
@@ -144,10 +145,11 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
     rope's start leaves the rope out). fp8 channels are dequantised (tile scale
     applied: one per row for a slice within a tile, else one per tile of the slice) before the cast;
     ``FP8_CVT``: e4m3 bytes through the hardware conversion, else in integer arithmetic (Intel GPUs
-    and the interpreter have no fp8 arithmetic). ``WIDE_ROPE``: a slice of rope channels alone is
-    addressed as contiguous bf16 (wide loads; sm_90: one 16-byte load a thread and row instead of a
-    2-byte gather a channel), else per channel (IGC: 1 KB spilled on bmg for V4 at 16 warps with the
-    wide form)."""
+    and the interpreter have no fp8 arithmetic). ``WIDE_ROPE``: the rope channels are read as
+    contiguous bf16 (wide loads; sm_90: one 16-byte load a thread and row instead of a 2-byte gather
+    a channel) where a slice holds them alone, or (DeepSeek-V4) where they are its last 64-channel
+    tile, put in place beside the fp8 tiles; else per channel (IGC: 1 KB spilled on bmg for V4 at 16
+    warps with the wide form)."""
     cols = c0 + tl.arange(0, W)
     if LAYOUT == 0:
         k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI), other=0.0)
@@ -157,6 +159,11 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
         TILE: tl.constexpr = 64 if LAYOUT == 1 else 128
         ROPE_AT: tl.constexpr = 448 if LAYOUT == 1 else 528
         BLOCK_N: tl.constexpr = rows.shape[0]
+        # DeepSeek-V4: a slice of several tiles ending at the rope's end, the 64 rope channels its
+        # last tile (the held score dot's one 512-wide piece)
+        # (pairs: triton-xpu 3.3 has no chained boolean operators)
+        ROPE_LAST: tl.constexpr = ((LAYOUT == 1 and WIDE_ROPE) and (W > TILE and D_QK == NOPE + TILE)) and (
+            HI == D_QK and LO + W == HI)
         k = tl.zeros([BLOCK_N, W], dtype=tl.float32)
         if LO < NOPE:
             b = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, NOPE, HI), other=0)
@@ -181,8 +188,17 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
                 else:
                     scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=g_mask,
                                     other=1.0)
-                k = tl.reshape(tl.reshape(k, [BLOCK_N, G, TILE]) * scale[:, :, None], [BLOCK_N, W])
-        if HI > NOPE and D_QK > NOPE:
+                k3 = tl.reshape(k, [BLOCK_N, G, TILE]) * scale[:, :, None]
+                if ROPE_LAST:
+                    # the rope tile read as contiguous bf16 and selected into the last tile's place
+                    # (not a 64-channel piece of its own: sm_90, 64 x 64 tiles, 68 instead of 80 wgmma
+                    # a warp a tile, a 64 x 512 accumulator instead of 64 x 576, 60 instead of 540
+                    # bytes spilled)
+                    rope = tl.load((rows + ROPE_AT).to(tl.pointer_type(tl.bfloat16))[:, None]
+                                   + tl.arange(0, TILE)[None, :], mask=valid[:, None], other=0.0)
+                    k3 = tl.where((tl.arange(0, G) == G - 1)[None, :, None], rope.to(DTYPE)[:, None, :], k3.to(DTYPE))
+                k = tl.reshape(k3, [BLOCK_N, W])
+        if (HI > NOPE and D_QK > NOPE) and not ROPE_LAST:
             rope_ptr = (rows + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
             if LO >= NOPE and WIDE_ROPE:
                 k = tl.load(rope_ptr[:, None] + (cols - NOPE)[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI),
@@ -232,6 +248,30 @@ def _cache_rows(base, idx, ok, page_size, page_shift, stride_page, stride_slot, 
         rows = base + page * stride_page + slot * stride_slot
         scale_rows = rows + 512  # DeepSeek-V3.2 record: the fp32 scales follow the 512 nope bytes
     return valid, rows, scale_rows
+
+
+@triton.jit
+def _tile_entries(tile_start, hi, n_main, main_hi, main_end, x_lo, idx_row, stride_i_k, x_idx_row, x_stride_i_k,
+                  BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """``(idx, listed)``: the index entries of the walk's tile starting at ``tile_start`` and which
+    of them are listed (counted and this program's); a tile at or past the walk's end lists none
+    and loads nothing. ``HAS_EXTRA``: tiles from ``main_end`` on are the extra list's, from entry
+    ``x_lo`` of the joined list on (``n_main``: its main entries; ``main_hi``: the main tiles' end
+    of entries)."""
+    if HAS_EXTRA:
+        main = tile_start < main_end
+        offs = tl.where(main, tile_start, tile_start - main_end + x_lo) + tl.arange(0, BLOCK_N)
+        listed = offs < tl.where(main, main_hi, hi)
+        # a main tile's entries lie below main_hi, an extra tile's from x_lo on (main_hi <= x_lo)
+        idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=offs < main_hi, other=-1)
+        x_idx = tl.load(x_idx_row + (offs - n_main).to(tl.int64) * x_stride_i_k, mask=listed & (offs >= x_lo),
+                        other=-1)
+        idx = tl.where(main, idx, x_idx)
+    else:
+        offs = tile_start + tl.arange(0, BLOCK_N)
+        listed = offs < hi
+        idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
+    return idx, listed
 
 
 @triton.jit
@@ -293,9 +333,8 @@ def _mla_sparse_kernel(
     D_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_MAIN: tl.constexpr,  # SCORE_CHUNK == 0: channels [0, TAIL_AT) of the score dot, BLOCK_MAIN wide ...
-    BLOCK_TAIL: tl.constexpr,  # ... and [TAIL_AT, TAIL_AT + BLOCK_TAIL) (0: none)
-    TAIL_AT: tl.constexpr,  # min(D_QK, BLOCK_MAIN), or DeepSeek-V4's rope start (its own piece, also for V)
+    BLOCK_MAIN: tl.constexpr,  # SCORE_CHUNK == 0: channels [0, min(D_QK, BLOCK_MAIN)) of the score dot ...
+    BLOCK_TAIL: tl.constexpr,  # ... and the rest, [BLOCK_MAIN, BLOCK_MAIN + BLOCK_TAIL) (0: none)
     SCORE_CHUNK: tl.constexpr,  # > 0: the score dot in chunks of this many channels, q re-read per tile
     BLOCK_DV: tl.constexpr,  # output channels per program (a power of two)
     LAYOUT: tl.constexpr,
@@ -309,13 +348,13 @@ def _mla_sparse_kernel(
     WRITE_MAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8_CVT: tl.constexpr,  # fp8 caches: the hardware's e4m3 conversion (NVIDIA sm_89+)
+    LAUNCH_DEPENDENTS: tl.constexpr = False,  # SPLIT: let the combine start (device.programmatic_launch)
 ):
     NUM_DV: tl.constexpr = (D_V + BLOCK_DV - 1) // BLOCK_DV
     # the K tile of the held-q path is V too when one program owns all output channels in it
     V_FROM_K: tl.constexpr = (SCORE_CHUNK == 0 and NUM_DV == 1) and BLOCK_DV == BLOCK_MAIN
-    # ... with V's channels from TAIL_AT on in the tail piece (DeepSeek-V4: the 64 rope channels, a
-    # [BLOCK_N, 64] tile of their own beside the fp8 ones: no per-channel select of the two)
-    V_TAIL: tl.constexpr = V_FROM_K and D_V > TAIL_AT
+    # the score dot's tail piece starts here (below BLOCK_MAIN only for d_qk < 16)
+    TAIL_AT: tl.constexpr = D_QK if D_QK < BLOCK_MAIN else BLOCK_MAIN
     DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     t = tl.program_id(0)  # token (axis 0: up to 2^31 - 1 tokens)
     pid = tl.program_id(1)
@@ -367,8 +406,6 @@ def _mla_sparse_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    if V_TAIL:
-        acc_tail = tl.zeros([BLOCK_H, BLOCK_TAIL], dtype=tl.float32)
     # the joined list walked as its two lists in turn, tile by tile in one loop: the main list's tiles
     # [lo, main_hi), then the extra list's [x_lo, hi), so that each tile's entries name one cache
     # whose page geometry is a scalar (its row addresses computed once in each layout that uses
@@ -381,9 +418,14 @@ def _mla_sparse_kernel(
         main_end = lo + tl.cdiv(tl.maximum(main_hi - lo, 0), BLOCK_N) * BLOCK_N  # the main tiles' end
         x_lo = tl.maximum(lo, n_main)
         loop_hi = main_end + tl.cdiv(tl.maximum(hi - x_lo, 0), BLOCK_N) * BLOCK_N
+    else:
+        main_hi = hi
+        main_end = loop_hi
+        x_lo = hi
+        x_idx_row = idx_row  # not read
     for tile_start in range(lo, loop_hi, BLOCK_N):
-        start = tile_start
-        end = hi
+        idx, listed = _tile_entries(tile_start, hi, n_main, main_hi, main_end, x_lo, idx_row, stride_i_k, x_idx_row,
+                                    x_stride_i_k, BLOCK_N, HAS_EXTRA)
         list_base = kv_head_start
         list_stride_page = stride_kv_page
         list_stride_slot = stride_kv_slot
@@ -392,24 +434,12 @@ def _mla_sparse_kernel(
         list_num_rows = num_rows
         if HAS_EXTRA:
             main = tile_start < main_end
-            start = tl.where(main, tile_start, tile_start - main_end + x_lo)
-            end = tl.where(main, main_hi, hi)
             list_base = tl.where(main, kv_head_start, x_kv_offset)
             list_stride_page = tl.where(main, stride_kv_page, x_stride_kv_page)
             list_stride_slot = tl.where(main, stride_kv_slot, x_stride_kv_slot)
             list_page_size = tl.where(main, page_size, x_page_size)
             list_page_shift = tl.where(main, page_shift, x_page_shift)
             list_num_rows = tl.where(main, num_rows, x_num_rows)
-        offs = start + tl.arange(0, BLOCK_N)
-        listed = offs < end
-        if HAS_EXTRA:
-            # a main tile's entries lie below main_hi, an extra tile's from x_lo on (main_hi <= x_lo)
-            idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=offs < main_hi, other=-1)
-            x_idx = tl.load(x_idx_row + (offs - n_main).to(tl.int64) * x_stride_i_k, mask=listed & (offs >= x_lo),
-                            other=-1)
-            idx = tl.where(main, idx, x_idx)
-        else:
-            idx = tl.load(idx_row + offs.to(tl.int64) * stride_i_k, mask=listed, other=-1)
         valid, rows, scale_rows = _cache_rows(list_base, idx, listed, list_page_size, list_page_shift,
                                               list_stride_page, list_stride_slot, list_num_rows, LAYOUT, PAGED,
                                               PAGE_SHIFTS)
@@ -439,14 +469,13 @@ def _mla_sparse_kernel(
             v = _k_cols(rows, scale_rows, valid, dv_tile * BLOCK_DV, BLOCK_DV, 0, NUM_DV * BLOCK_DV, D_QK, LAYOUT, DTYPE,
                         FP8_CVT, False)
         acc = _value_dot(p, v, acc * alpha[:, None], DOT_PRECISION)
-        if V_TAIL:
-            acc_tail = _value_dot(p, k_tail, acc_tail * alpha[:, None], DOT_PRECISION)
 
-    if V_TAIL:
-        o_mask = row_ok[:, None] & (dv < TAIL_AT)[None, :]
-        dv_tail = TAIL_AT + tl.arange(0, BLOCK_TAIL)
-        o_tail_mask = _rows_cols_mask(row_ok, dv_tail, D_V, TAIL_AT + BLOCK_TAIL)
-    elif D_V % BLOCK_DV == 0:
+    if SPLIT and LAUNCH_DEPENDENTS:
+        # the split combine, launched programmatically after this kernel, may start once every
+        # program of this grid is past its key loop (it waits in-kernel for this grid's writes;
+        # earlier, its programs would take the place of this grid's later ones)
+        gdc_launch_dependents()
+    if D_V % BLOCK_DV == 0:
         o_mask = row_ok[:, None]
     else:
         o_mask = row_ok[:, None] & (dv < D_V)[None, :]
@@ -457,8 +486,6 @@ def _mla_sparse_kernel(
         # this split's normalised output and natural-log LSE (-inf: no entry; the combine skips it)
         o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h + split * stride_o_split
         tl.store(o_rows[:, None] + dv[None, :], acc / l_safe[:, None], mask=o_mask)
-        if V_TAIL:
-            tl.store(o_rows[:, None] + dv_tail[None, :], acc_tail / l_safe[:, None], mask=o_tail_mask)
         if dv_tile == 0:
             lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)
             tl.store(lse_row + split * stride_l_split, lse, mask=row_ok)
@@ -474,9 +501,6 @@ def _mla_sparse_kernel(
         o = acc / denom_safe[:, None]
         o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h
         tl.store(o_rows[:, None] + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=o_mask)
-        if V_TAIL:
-            tl.store(o_rows[:, None] + dv_tail[None, :], (acc_tail / denom_safe[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=o_tail_mask)
         if dv_tile == 0:
             # natural-log units of the scaled logits; a token without a valid entry: max -inf, lse +inf
             lse = tl.where(no_key, float("inf"), (m_i + tl.log2(l_safe)) * _LN2)
@@ -507,10 +531,11 @@ def _register_compile_variants():
         max_logits_ptr="*fp32", stride_m_b="i32", stride_m_s="i32", stride_m_h="i32",
         lse_ptr="*fp32", stride_l_b="i32", stride_l_s="i32", stride_l_h="i32", stride_l_split="i32",
         qk_scale="fp32", tokens_per_batch="i32", topk="i32", x_topk="i32", split_len="i32", group="i32",
-        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, TAIL_AT=512, LAYOUT=LAYOUT_PLAIN,
+        D_QK=576, D_V=512, BLOCK_H=16, BLOCK_N=16, BLOCK_MAIN=512, BLOCK_TAIL=64, LAYOUT=LAYOUT_PLAIN,
         PAGED=False, PAGE_SHIFTS=False,
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
         WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
+        LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
     )
     opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
@@ -609,13 +634,7 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     num_dv = cdiv(d_v, block_dv)
     # the score dot's held pieces: the largest power of two <= d_qk (at least 16), then the rest
     block_main = max(16, 1 << (d_qk.bit_length() - 1))
-    tail_at = min(d_qk, block_main)
-    if cache == "fp8_v4" and not score_chunk and d_qk == V4_NOPE + 64 and cdiv(d_v, block_dv) == 1:
-        # DeepSeek-V4's 64 bf16 rope channels as their own piece, V's too: the 448 fp8 channels
-        # dequantised alone (a 512-wide piece, 64 zero channels) instead of a select, channel by
-        # channel, between them and a masked 512-wide rope read
-        tail_at = V4_NOPE
-    rest = d_qk - tail_at
+    rest = d_qk - min(d_qk, block_main)
     block_tail = max(16, next_power_of_2(rest)) if rest > 0 else 0
     programs_per_token = h_kv * cdiv(group, block_h) * num_dv
     if programs_per_token > MAX_GRID_DIM_1:
@@ -624,7 +643,7 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
             f"need {programs_per_token} programs a token (at most {MAX_GRID_DIM_1})"
         )
     return dict(config=config, group=group, d_qk=d_qk, d_v=d_v, BLOCK_H=block_h, BLOCK_N=block_n,
-                BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail, TAIL_AT=tail_at, SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
+                BLOCK_MAIN=block_main, BLOCK_TAIL=block_tail, SCORE_CHUNK=score_chunk, BLOCK_DV=block_dv,
                 programs_per_token=programs_per_token)
 
 
@@ -669,7 +688,7 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             lse, *l_strides,
             sm_scale * LOG2E, tokens_per_batch, topk, x.get("topk", 0), split_len, tiles["group"],
             D_QK=tiles["d_qk"], D_V=tiles["d_v"], BLOCK_H=tiles["BLOCK_H"], BLOCK_N=tiles["BLOCK_N"],
-            BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"], TAIL_AT=tiles["TAIL_AT"],
+            BLOCK_MAIN=tiles["BLOCK_MAIN"], BLOCK_TAIL=tiles["BLOCK_TAIL"],
             SCORE_CHUNK=tiles["SCORE_CHUNK"],
             BLOCK_DV=tiles["BLOCK_DV"], LAYOUT=layout, PAGED=paged, PAGE_SHIFTS=page_shifts,
             HAS_TOPK_LENGTH=topk_length is not None, HAS_EXTRA=extra is not None,
@@ -677,5 +696,6 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             SPLIT=split, WRITE_MAX=max_logits is not None,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             FP8_CVT=layout != LAYOUT_PLAIN and _device.cuda_fp8(device),
+            LAUNCH_DEPENDENTS=split and _device.programmatic_launch(device),
             **tune.launch_options(tiles["config"]),
         )

@@ -50,6 +50,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    gdc_wait,
     interpreter_float32,
     next_power_of_2,
     register_xpu_compile,
@@ -96,9 +97,14 @@ def _sparse_combine_kernel(
     MAX_SPLITS: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    WAIT_PRIOR_GRID: tl.constexpr = False,
 ):
     """One (token, head) and ``BLOCK_DV`` output channels per program: the splits merged, the
     sink applied to the output only; a token without any entry gives 0 and LSE ``+inf``."""
+    if WAIT_PRIOR_GRID:
+        # launched while the sparse kernel writing the partials runs (programmatic dependent
+        # launch): nothing is read before its writes are visible
+        gdc_wait()
     t32 = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     dv_block = tl.program_id(2)
@@ -111,8 +117,10 @@ def _sparse_combine_kernel(
                   other=float("-inf"))
     w, denom, merged = _lse_weights(lse, 0.0, False)
     d = dv_block * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    # every split below num_splits wrote its partial (0 without an entry): loaded beside the LSEs,
+    # not after them
     part = tl.load(part_ptr + t * stride_p_t + h * stride_p_h + splits[:, None] * stride_p_split + d[None, :],
-                   mask=(w > 0)[:, None] & (d < D_V)[None, :], other=0.0)
+                   mask=(splits < num_splits)[:, None] & (d < D_V)[None, :], other=0.0)
     o = tl.sum(part * w[:, None], axis=0) / denom
     if HAS_SINK:
         # exp(lse) / (exp(lse) + exp(sink)); an empty token has o = 0 already (no 0 * inf)
@@ -143,7 +151,8 @@ def _register_compile_variants():
                      sink_ptr="*fp32", stride_sink="i32",
                      out_ptr="*bf16", stride_o_b="i64", stride_o_s="i32", stride_o_h="i32",
                      lse_ptr="*fp32", stride_l_b="i32", stride_l_s="i32", stride_l_h="i32", tokens_per_batch="i32",
-                     D_V=512, HAS_SINK=True)
+                     D_V=512, HAS_SINK=True,
+                     WAIT_PRIOR_GRID=False)  # a CUDA launch mode (device.programmatic_launch)
     for splits in (2, 32):
         block_dv = _combine_block_dv(512, splits)
         register_xpu_compile(_sparse_combine_kernel, f"D512,splits{splits},BLOCK_DV{block_dv},sink",
@@ -475,6 +484,7 @@ def flash_mla_with_kvcache(
                 lse, lse.stride(0), lse.stride(2), lse.stride(1),
                 s_q, D_V=head_dim_v, MAX_SPLITS=max_splits, BLOCK_DV=block_dv,
                 HAS_SINK=attn_sink is not None, num_warps=4,
+                **(dict(WAIT_PRIOR_GRID=True, launch_pdl=True) if _device.programmatic_launch(device) else {}),
             )
     if out is not dest:
         dest.copy_(out)
