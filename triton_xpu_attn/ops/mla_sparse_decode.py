@@ -23,7 +23,8 @@ fp8 channels are dequantised to q's dtype (exactly: a power-of-two scale) before
 Small batches split the joined index lists ``[main | extra]`` over programs (split-K): each
 split writes its normalised partial output and LSE to a workspace allocated here, and
 ``_sparse_combine_kernel`` merges them with the merge rule of ``merge_state._lse_weights``, the
-sink joining the denominator of the output only. The split count depends on host-known sizes
+sink joining the denominator of the output only (where the device allows it, launched while the
+split kernel runs and waiting in-kernel for its partials: ``device.programmatic_launch``). The split count depends on host-known sizes
 only (batch, heads, list widths, the device's compute units): nothing syncs with the host and
 the call can be captured in a device graph.
 
