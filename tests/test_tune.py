@@ -280,3 +280,27 @@ def test_maxnreg_is_a_cuda_only_launch_option():
             assert "maxnreg" not in tune.launch_options({"num_warps": 4, "maxnreg": 128})
     assert "maxnreg" in tune.entry_problem({"maxnreg": 0})
     assert tune.entry_problem({"maxnreg": 128}) is None
+
+
+@pytest.mark.parametrize("op, config, knob, low, bad", [
+    ("mla_sparse", dict(BLOCK_H=16, BLOCK_N=24, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1), "BLOCK_N", 16, 24),
+    ("mla_sparse", dict(BLOCK_H=8, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1), "BLOCK_H", 16, 8),
+    ("mla_sparse", dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=48, BLOCK_DV=0, num_warps=4, num_stages=1), "SCORE_CHUNK",
+     16, 48),
+])
+def test_override_tiles_are_checked_by_the_op_naming_the_knob(op, config, knob, low, bad):
+    """A tile an override (which no file check sees) gives an op is refused by the op itself, the
+    message naming the op and the knob."""
+    from triton_xpu_attn.ops.mla_sparse import sparse_tiles
+    with tune.override(op, config), pytest.raises(ValueError) as err:
+        sparse_tiles(16, 1, 576, 512, torch.bfloat16, torch.device("cpu"))
+    assert str(err.value) == f"{op} config: {knob} must be a power of two >= {low}, got {bad}"
+
+
+def test_config_pow2_accepts_powers_of_two_and_refuses_the_rest():
+    from triton_xpu_attn._common import config_pow2
+    assert config_pow2("op", "BLOCK_K", 64) == 64 and config_pow2("op", "BLOCK_K", 16.0) == 16
+    assert config_pow2("op", "BLOCK_Q", 1, low=1) == 1
+    for bad in (0, 8, 24, 96, -16):
+        with pytest.raises(ValueError, match=f"op config: BLOCK_K must be a power of two >= 16, got {bad}"):
+            config_pow2("op", "BLOCK_K", bad)

@@ -433,6 +433,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def config_pow2(op: str, name: str, value, low: int = 16) -> int:
+    """A tile size ``name`` of ``op``'s config (an override's or a file's) as an int: a power of two
+    >= ``low``, else a ``ValueError`` naming the op and the knob."""
+    value = int(value)
+    if value < low or value & (value - 1):
+        raise ValueError(f"{op} config: {name} must be a power of two >= {low}, got {value}")
+    return value
+
+
 def whole_wave_splits(splits: int, programs_per_split: int, resident: int | None) -> int:
     """KV splits cut down so the programs fill whole waves of the device.
 

@@ -56,6 +56,7 @@ from .. import tune
 from .._common import (
     MAX_GRID_DIM_1,
     cdiv,
+    config_pow2,
     device_guard,
     gdc_launch_dependents,
     next_power_of_2,
@@ -602,13 +603,6 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _pow2_at_least_16(value, name: str) -> int:
-    value = int(value)
-    if value < 16 or not _pow2(value):
-        raise ValueError(f"mla_sparse config: {name} must be a power of two >= 16, got {value}")
-    return value
-
-
 def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, device, *, op: str = "mla_sparse",
                  cache: str | None = None) -> dict:
     """The kernel's tiles for these sizes: ``tune.lookup(op, ...)`` over the built-in heuristic,
@@ -619,18 +613,18 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     if cache is not None:
         fields["cache"] = cache
     config = tune.lookup(op, fields, _heuristic_config(group, dtype, cache), device=device)
-    block_h = _pow2_at_least_16(config["BLOCK_H"], "BLOCK_H")
-    block_n = _pow2_at_least_16(config["BLOCK_N"], "BLOCK_N")
+    block_h = config_pow2("mla_sparse", "BLOCK_H", config["BLOCK_H"])
+    block_n = config_pow2("mla_sparse", "BLOCK_N", config["BLOCK_N"])
     if cache not in (None, "plain") and block_n > 64 and _device.backend() == "cuda":
         # compiled for sm_90 (Triton 3.6), 64 heads x 128 fp8 entries dequantised in registers gave
         # wrong outputs (relative error ~1; the interpreter's are right): refused, not run
         raise ValueError(f"BLOCK_N must be at most 64 for fp8 caches on CUDA, got {block_n}")
     score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
     if score_chunk:
-        score_chunk = _pow2_at_least_16(score_chunk, "SCORE_CHUNK")
+        score_chunk = config_pow2("mla_sparse", "SCORE_CHUNK", score_chunk)
     block_dv_all = max(16, next_power_of_2(d_v))
     block_dv = int(config.get("BLOCK_DV", 0) or 0)
-    block_dv = min(_pow2_at_least_16(block_dv, "BLOCK_DV"), block_dv_all) if block_dv else block_dv_all
+    block_dv = min(config_pow2("mla_sparse", "BLOCK_DV", block_dv), block_dv_all) if block_dv else block_dv_all
     num_dv = cdiv(d_v, block_dv)
     # the score dot's held pieces: the largest power of two <= d_qk (at least 16), then the rest
     block_main = max(16, 1 << (d_qk.bit_length() - 1))

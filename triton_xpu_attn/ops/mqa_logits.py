@@ -45,6 +45,7 @@ from .._common import (
     check_int,
     check_same_device,
     check_tensor,
+    config_pow2,
     device_guard,
     next_power_of_2,
     register_xpu_compile,
@@ -321,13 +322,6 @@ def _paged_heuristic() -> dict:
     return dict(BLOCK_K=64, num_warps=0, num_stages=2, programs_per_unit=8)
 
 
-def _pow2(config: dict, key: str, low: int) -> int:
-    value = int(config[key])
-    if value < low or value & (value - 1):
-        raise ValueError(f"mqa_logits config: {key} must be a power of two >= {low}, got {value}")
-    return value
-
-
 def _fp8(name: str, t, ndim: int) -> torch.Tensor:
     """An fp8 e4m3 input (a uint8 view is taken as its bytes) as float8_e4m3fn, last dim contiguous."""
     check_tensor(name, t, dtypes=FP8_INPUT_DTYPES, ndim=ndim)
@@ -403,8 +397,8 @@ def fp8_mqa_logits(
 
     config = tune.lookup("mqa_logits", {"h": tune.pow2_bucket(max(num_heads, 1), 16, 256), "d": d},
                          _ragged_heuristic(), device=device)
-    block_q = _pow2(config, "BLOCK_Q", 16)
-    block_k = _pow2(config, "BLOCK_K", 16)
+    block_q = config_pow2("mqa_logits", "BLOCK_Q", config["BLOCK_Q"])
+    block_k = config_pow2("mqa_logits", "BLOCK_K", config["BLOCK_K"])
     fill = -math.inf if clean_logits else 0.0
     out = torch.empty((n_q, n_k), dtype=torch.float32, device=device)
     if n_q == 0 or n_k == 0:
@@ -569,7 +563,7 @@ def fp8_paged_mqa_logits(
     config = tune.lookup("paged_mqa_logits", {"h": tune.pow2_bucket(num_heads, 16, 256), "d": d,
                                               "next_n": tune.pow2_bucket(next_n, 1, 8)},
                          _paged_heuristic(), device=device)
-    block_k = _pow2(config, "BLOCK_K", 16)
+    block_k = config_pow2("mqa_logits", "BLOCK_K", config["BLOCK_K"])
     block_h = max(16, next_power_of_2(num_heads))
     rows = max(1, min(next_power_of_2(next_n), 128 // block_h))
     row_programs = batch * cdiv(next_n, rows)
