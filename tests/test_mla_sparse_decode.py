@@ -451,6 +451,25 @@ def test_splits_across_the_two_lists(layout):
             check_case(case, 0.05, config=config)
 
 
+@pytest.mark.parametrize("layout", ["plain", "v4"])
+def test_entries_loaded_a_tile_ahead(layout):
+    """``prefetch_from_tiles``: walks of at least that many tiles load each tile's index entries
+    while the tile before it is worked on; across both lists, mid-tile ends and splits, the result
+    is the reference's (uncounted cache tokens hold NaN)."""
+    gen = torch.Generator().manual_seed(23)
+    for n_main, n_extra in ((15, 33), (40, 16), (0, 33), (17, 0)):
+        case = make_case(gen, B=2, s_q=1, h_q=16, layout=layout, page_size=2, num_pages=24, topk=40,
+                         dtype=torch.bfloat16 if layout != "plain" else torch.float32, extra=(4, 4, 33, False))
+        case["topk_length"] = torch.tensor([n_main, 40 - n_main], dtype=torch.int32)
+        case["extra_topk_length"] = torch.tensor([n_extra, 33], dtype=torch.int32)
+        poison_uncounted(case["k_cache"], layout, case["indices"], case["topk_length"])
+        poison_uncounted(case["extra_k_cache"], layout, case["extra_indices_in_kvcache"], case["extra_topk_length"])
+        for splits in (1, 3):
+            config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits,
+                          prefetch_from_tiles=1)
+            check_case(case, 0.05, config=config)
+
+
 @pytest.mark.parametrize("combine_elements", [2048, 32])
 def test_combine_block_covers_rows_and_blocks(monkeypatch, combine_elements):
     """The combine merges whole rows where splits are few (one program a token and head) and

@@ -70,7 +70,8 @@ def _warn(path, key: str, problem: str) -> None:
 
 #: knobs a config entry may set, and what each must be (others, e.g. notes, are ignored)
 _POW2_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "num_warps")  # powers of two, BLOCK_* at least 16
-_POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size", "maxnreg")
+_POSITIVE_KNOBS = ("num_stages", "min_split_tokens", "waves", "max_splits", "sub_group_size", "maxnreg",
+                   "prefetch_from_tiles")
 _BOOL_KNOBS = ("kv_desc", "kv_block_ptr", "kv_device_desc", "pack_gqa", "kept_heuristic")
 _GRF_MODES = (None, "small", "large", "128", "256", "512", "auto", "default")
 

@@ -350,6 +350,7 @@ def _mla_sparse_kernel(
     DOT_PRECISION: tl.constexpr,
     FP8_CVT: tl.constexpr,  # fp8 caches: the hardware's e4m3 conversion (NVIDIA sm_89+)
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # SPLIT: let the combine start (device.programmatic_launch)
+    PREFETCH_ENTRIES: tl.constexpr = False,  # each tile's index entries loaded one tile ahead
 ):
     NUM_DV: tl.constexpr = (D_V + BLOCK_DV - 1) // BLOCK_DV
     # the K tile of the held-q path is V too when one program owns all output channels in it
@@ -424,9 +425,22 @@ def _mla_sparse_kernel(
         main_end = loop_hi
         x_lo = hi
         x_idx_row = idx_row  # not read
+    if PREFETCH_ENTRIES:
+        # a tile's index entries are loaded while the tile before it is worked on, their latency
+        # hidden instead of starting the tile; Triton carries them in each layout the tile uses
+        # them in (sm_90, V4 64 x 64: 212 B spilled against 60), which pays on long walks only
+        # (tune: prefetch_from_tiles)
+        idx_next, listed_next = _tile_entries(lo, hi, n_main, main_hi, main_end, x_lo, idx_row, stride_i_k,
+                                              x_idx_row, x_stride_i_k, BLOCK_N, HAS_EXTRA)
     for tile_start in range(lo, loop_hi, BLOCK_N):
-        idx, listed = _tile_entries(tile_start, hi, n_main, main_hi, main_end, x_lo, idx_row, stride_i_k, x_idx_row,
-                                    x_stride_i_k, BLOCK_N, HAS_EXTRA)
+        if PREFETCH_ENTRIES:
+            idx = idx_next
+            listed = listed_next
+            idx_next, listed_next = _tile_entries(tile_start + BLOCK_N, hi, n_main, main_hi, main_end, x_lo, idx_row,
+                                                  stride_i_k, x_idx_row, x_stride_i_k, BLOCK_N, HAS_EXTRA)
+        else:
+            idx, listed = _tile_entries(tile_start, hi, n_main, main_hi, main_end, x_lo, idx_row, stride_i_k,
+                                        x_idx_row, x_stride_i_k, BLOCK_N, HAS_EXTRA)
         list_base = kv_head_start
         list_stride_page = stride_kv_page
         list_stride_slot = stride_kv_slot
@@ -537,6 +551,7 @@ def _register_compile_variants():
         HAS_TOPK_LENGTH=True, HAS_EXTRA=False, HAS_EXTRA_TOPK_LENGTH=False, HAS_SINK=True, SPLIT=False,
         WRITE_MAX=True, DOT_PRECISION="tf32", FP8_CVT=False,
         LAUNCH_DEPENDENTS=False,  # a CUDA launch mode (device.programmatic_launch)
+        PREFETCH_ENTRIES=False,  # a launch mode of long walks (config prefetch_from_tiles)
     )
     opts = dict(dots=2, op="mla_sparse", num_warps=8, num_stages=1, grf_mode=_device.xpu_large_grf_mode())
     # as the XPU heuristic launches it: 16 heads x 16 entries, the score dot in 64-channel chunks,
@@ -660,6 +675,9 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
     idx_strides (b, s, k), topk, topk_length, tl_stride)``. ``grid[2] > 1``: split mode, ``out`` /
     ``lse`` are the fp32 partials (``o_strides`` / ``l_strides`` end with the split stride)."""
     split = grid[2] > 1
+    # a program's walk, in tiles: entries loaded a tile ahead from the config's prefetch_from_tiles on
+    walk_tiles = cdiv(split_len if split else topk + (extra or {}).get("topk", 0), tiles["BLOCK_N"])
+    prefetch_from = int(tiles["config"].get("prefetch_from_tiles", 0) or 0)
     # absent optional inputs: any tensor in their place (never read)
     x = extra or {}
     x_lengths = x.get("topk_length")
@@ -691,5 +709,6 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             FP8_CVT=layout != LAYOUT_PLAIN and _device.cuda_fp8(device),
             LAUNCH_DEPENDENTS=split and _device.programmatic_launch(device),
+            PREFETCH_ENTRIES=0 < prefetch_from <= walk_tiles,
             **tune.launch_options(tiles["config"]),
         )
