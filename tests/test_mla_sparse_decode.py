@@ -432,20 +432,28 @@ def test_nan_in_a_selected_row_is_not_dropped_by_the_combine():
         assert_close(out[1], exp_out[1], torch.float32)
 
 
-@pytest.mark.parametrize("layout", ["plain", "v4"])
-def test_splits_across_the_two_lists(layout):
-    """The kernel walks the main list's tiles, then the extra list's: a split's share of the joined
-    list may end, start or lie inside either, the main list may end mid-tile or be empty, the extra
-    one too. Counted lengths 0 / 1 / 15-17 against 16-entry tiles, 1 to 4 splits: the reference's
-    result each time (uncounted cache tokens of either list hold NaN)."""
-    gen = torch.Generator().manual_seed(5)
-    for n_main, n_extra in ((0, 33), (17, 0), (1, 17), (16, 1), (15, 33), (40, 16)):
+def two_list_cases(seed, layout, lengths):
+    """Two-request problems over a main and an extra cache whose first request counts ``n_main`` /
+    ``n_extra`` entries of its lists (40 / 33 listed), for each ``(n_main, n_extra)`` of
+    ``lengths``; every cache token no counted entry names holds NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    for n_main, n_extra in lengths:
         case = make_case(gen, B=2, s_q=1, h_q=16, layout=layout, page_size=2, num_pages=24, topk=40,
                          dtype=torch.bfloat16 if layout != "plain" else torch.float32, extra=(4, 4, 33, False))
         case["topk_length"] = torch.tensor([n_main, 40 - n_main], dtype=torch.int32)
         case["extra_topk_length"] = torch.tensor([n_extra, 33], dtype=torch.int32)
         poison_uncounted(case["k_cache"], layout, case["indices"], case["topk_length"])
         poison_uncounted(case["extra_k_cache"], layout, case["extra_indices_in_kvcache"], case["extra_topk_length"])
+        yield case
+
+
+@pytest.mark.parametrize("layout", ["plain", "v4"])
+def test_splits_across_the_two_lists(layout):
+    """The kernel walks the main list's tiles, then the extra list's: a split's share of the joined
+    list may end, start or lie inside either, the main list may end mid-tile or be empty, the extra
+    one too. Counted lengths 0 / 1 / 15-17 against 16-entry tiles, 1 to 4 splits: the reference's
+    result each time (uncounted cache tokens of either list hold NaN)."""
+    for case in two_list_cases(5, layout, ((0, 33), (17, 0), (1, 17), (16, 1), (15, 33), (40, 16))):
         for splits in (1, 2, 3, 4):
             config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits)
             check_case(case, 0.05, config=config)
@@ -456,14 +464,7 @@ def test_entries_loaded_a_tile_ahead(layout):
     """``prefetch_from_tiles``: walks of at least that many tiles load each tile's index entries
     while the tile before it is worked on; across both lists, mid-tile ends and splits, the result
     is the reference's (uncounted cache tokens hold NaN)."""
-    gen = torch.Generator().manual_seed(23)
-    for n_main, n_extra in ((15, 33), (40, 16), (0, 33), (17, 0)):
-        case = make_case(gen, B=2, s_q=1, h_q=16, layout=layout, page_size=2, num_pages=24, topk=40,
-                         dtype=torch.bfloat16 if layout != "plain" else torch.float32, extra=(4, 4, 33, False))
-        case["topk_length"] = torch.tensor([n_main, 40 - n_main], dtype=torch.int32)
-        case["extra_topk_length"] = torch.tensor([n_extra, 33], dtype=torch.int32)
-        poison_uncounted(case["k_cache"], layout, case["indices"], case["topk_length"])
-        poison_uncounted(case["extra_k_cache"], layout, case["extra_indices_in_kvcache"], case["extra_topk_length"])
+    for case in two_list_cases(23, layout, ((15, 33), (40, 16), (0, 33), (17, 0))):
         for splits in (1, 3):
             config = dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=0, BLOCK_DV=0, num_warps=4, num_stages=1, SPLITS=splits,
                           prefetch_from_tiles=1)
