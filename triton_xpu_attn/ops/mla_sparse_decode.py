@@ -24,9 +24,9 @@ Small batches split the joined index lists ``[main | extra]`` over programs (spl
 split writes its normalised partial output and LSE to a workspace allocated here, and
 ``_sparse_combine_kernel`` merges them with the merge rule of ``merge_state._lse_weights``, the
 sink joining the denominator of the output only (where the device allows it, launched while the
-split kernel runs and waiting in-kernel for its partials: ``device.programmatic_launch``). The split count depends on host-known sizes
-only (batch, heads, list widths, the device's compute units): nothing syncs with the host and
-the call can be captured in a device graph.
+split kernel runs and waiting in-kernel for its partials: ``device.programmatic_launch``). The
+split count depends on host-known sizes only (batch, heads, list widths, the device's compute
+units): nothing syncs with the host and the call can be captured in a device graph.
 
 With ``block_table`` and ``cache_seqlens`` instead of indices (dense MLA decode, which upstream
 leaves unimplemented on XPU) the call runs :func:`triton_xpu_attn.flash_mla_decode`.
