@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-6] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-7] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -105,8 +105,14 @@ ROUND5 = {name: V4_5 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 V4_6 = ([dict(cfg(64, 64, 8, 2, splits=n), min_split_tokens=64, waves=1) for n in (1, 2, 3, 4, 5, 6, 8, 10)]
         + [dict(cfg(64, 64, 8, 2), min_split_tokens=m, waves=1) for m in (128, 192)])
 ROUND6 = {name: V4_6 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
+#: the seventh round (``--round 7``): DeepSeek-V4 with one 512-wide K tile, stages and the walk length
+#: from which index entries are loaded a tile ahead (``prefetch_from_tiles``; walks: v4b8 2 tiles,
+#: v4b32 3, v4b32q2 5, v4b128 10)
+V4_7 = ([dict(cfg(64, 64, 8, s), min_split_tokens=64, waves=1) for s in (1, 2)]
+        + [dict(cfg(64, 64, 8, 1), min_split_tokens=64, waves=1, prefetch_from_tiles=t) for t in (1, 3, 4, 6)])
+ROUND7 = {name: V4_7 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 #: the rounds from 3 on: case -> its configs (``--round N`` runs them all by default)
-CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6}
+CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7}
 ROUND = 1
 
 
@@ -170,7 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-6: ROUND3-ROUND6")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-7: ROUND3-ROUND7")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
