@@ -421,10 +421,11 @@ def _mla_sparse_kernel(
         x_lo = tl.maximum(lo, n_main)
         loop_hi = main_end + tl.cdiv(tl.maximum(hi - x_lo, 0), BLOCK_N) * BLOCK_N
     else:
+        # _tile_entries' extra-list arguments, not read without the extra list
         main_hi = hi
         main_end = loop_hi
         x_lo = hi
-        x_idx_row = idx_row  # not read
+        x_idx_row = idx_row
     if PREFETCH_ENTRIES:
         # a tile's index entries are loaded while the tile before it is worked on, their latency
         # hidden instead of starting the tile; Triton carries them in each layout the tile uses
@@ -498,7 +499,7 @@ def _mla_sparse_kernel(
     l_safe = tl.where(no_key, 1.0, l_i)
     lse_row = lse_ptr + b * stride_l_b + sq * stride_l_s + head * stride_l_h
     if SPLIT:
-        # this split's normalised output and natural-log LSE (-inf: no entry; the combine skips it)
+        # this split's normalised output and natural-log LSE (-inf: no entry; the combine weighs it 0)
         o_rows = out_ptr + b * stride_o_b + sq * stride_o_s + head * stride_o_h + split * stride_o_split
         tl.store(o_rows[:, None] + dv[None, :], acc / l_safe[:, None], mask=o_mask)
         if dv_tile == 0:
