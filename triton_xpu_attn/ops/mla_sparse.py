@@ -676,11 +676,11 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
     idx_strides (b, s, k), topk, topk_length, tl_stride)``. ``grid[2] > 1``: split mode, ``out`` /
     ``lse`` are the fp32 partials (``o_strides`` / ``l_strides`` end with the split stride)."""
     split = grid[2] > 1
-    # a program's walk, in tiles: entries loaded a tile ahead from the config's prefetch_from_tiles on
-    walk_tiles = cdiv(split_len if split else topk + (extra or {}).get("topk", 0), tiles["BLOCK_N"])
-    prefetch_from = int(tiles["config"].get("prefetch_from_tiles", 0) or 0)
     # absent optional inputs: any tensor in their place (never read)
     x = extra or {}
+    # a program's walk, in tiles: entries loaded a tile ahead from the config's prefetch_from_tiles on
+    walk_tiles = cdiv(split_len if split else topk + x.get("topk", 0), tiles["BLOCK_N"])
+    prefetch_from = int(tiles["config"].get("prefetch_from_tiles", 0) or 0)
     x_lengths = x.get("topk_length")
     x_page_size = x.get("page_size", 1)
     page_shifts = paged and _pow2(page_size) and _pow2(x_page_size)
