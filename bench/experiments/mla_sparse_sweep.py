@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-7] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-11] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -111,8 +111,40 @@ ROUND6 = {name: V4_6 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 V4_7 = ([dict(cfg(64, 64, 8, s), min_split_tokens=64, waves=1) for s in (1, 2)]
         + [dict(cfg(64, 64, 8, 1), min_split_tokens=64, waves=1, prefetch_from_tiles=t) for t in (1, 3, 4, 6)])
 ROUND7 = {name: V4_7 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
+#: the eighth round (``--round 8``): bf16 pages with index entries loaded a tile ahead
+#: (``prefetch_from_tiles`` 1) beside the H200 file's tiles, at their stages and one more: the
+#: pipeliner prefetches a tile's rows one iteration ahead, their addresses then no longer waiting
+#: on the same iteration's index load
+H16_8 = [cfg(16, 64, 4, 2), cfg(16, 64, 4, 3), cfg(16, 32, 4, 3), cfg(16, 32, 4, 4)]
+H16_8 = H16_8 + [dict(c, prefetch_from_tiles=1) for c in H16_8]
+H128_8 = [dict(cfg(64, 32, 8, s), waves=1) for s in (2, 3)]
+H128_8 = H128_8 + [dict(c, prefetch_from_tiles=1) for c in H128_8]
+ROUND8 = {"decode16": H16_8, "decode16b128q2": H16_8, "decode16b32": H16_8, "prefill16l": H16_8[:1] + H16_8[4:5],
+          "decode128": H128_8, "decode128b8": H128_8,
+          "prefill128": [cfg(64, 32, 8, 3), dict(cfg(64, 32, 8, 3), prefetch_from_tiles=1)]}
+#: the ninth round (``--round 9``): the tiles around round 8's best with entries a tile ahead, for
+#: every head count of both ops
+PF = dict(prefetch_from_tiles=1)
+H16_9 = [dict(c, **PF) for c in (cfg(16, 32, 4, 3), cfg(16, 32, 4, 2), cfg(16, 32, 8, 3), cfg(16, 16, 4, 4),
+                                 cfg(16, 16, 4, 3), cfg(16, 32, 4, 4))]
+H32_9 = [cfg(32, 64, 4, 2)] + [dict(c, **PF) for c in (cfg(32, 32, 4, 3), cfg(32, 32, 8, 3), cfg(32, 16, 4, 4),
+                                                       cfg(64, 32, 8, 3), cfg(64, 16, 8, 4))]
+H128_9 = [dict(c, waves=1, **PF) for c in (cfg(64, 32, 8, 3), cfg(64, 32, 8, 4), cfg(64, 16, 8, 4), cfg(64, 16, 8, 3))]
+ROUND9 = {"decode16": H16_9, "decode16b128q2": H16_9, "decode16b32": H16_9, "prefill16l": H16_9, "prefill16": H16_9,
+          "prefill32": H32_9, "prefill64": H32_9, "decode128": H128_9, "decode128b8": H128_9,
+          "decode128b128": H128_9, "prefill128": [dict(c, **PF) for c in (cfg(64, 32, 8, 3), cfg(64, 32, 8, 4))]}
+#: the tenth round (``--round 10``): bf16 pages h 16 around round 9's tile, its split count and warps
+H16_10 = ([dict(cfg(16, 32, 4, 3), **PF)] + [dict(cfg(16, 32, 4, 3), waves=w, **PF) for w in (1, 4)]
+          + [dict(cfg(16, 32, 4, 3, splits=n), **PF) for n in (2, 4)] + [dict(cfg(16, 32, 2, 3), **PF),
+                                                                        dict(cfg(16, 64, 8, 2), **PF)])
+ROUND10 = {"decode16b128q2": H16_10, "decode16": H16_10, "decode16b32": H16_10}
+#: the eleventh round (``--round 11``): DeepSeek-V4 pages with entries a tile ahead from the first
+#: tile at 2 and 3 stages (round 7 timed them ahead at 1 stage only)
+V4_11 = [dict(cfg(64, n, 8, s), min_split_tokens=64, waves=1, **PF) for n in (64, 32) for s in (1, 2, 3)]
+ROUND11 = {name: V4_11 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 #: the rounds from 3 on: case -> its configs (``--round N`` runs them all by default)
-CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7}
+CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7, 8: ROUND8, 9: ROUND9, 10: ROUND10,
+               11: ROUND11}
 ROUND = 1
 
 
@@ -176,7 +208,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-7: ROUND3-ROUND7")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-11: ROUND3-ROUND11")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
