@@ -1,7 +1,7 @@
 """Tile sweep of the sparse MLA kernel (``flash_mla_sparse_fwd`` prefill, ``flash_mla_with_kvcache``
 sparse decode over bf16 pages and DeepSeek-V4 fp8 pages) on bench_mla_sparse.py's shapes, CUDA graphs.
 
-    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-11] [--cases prefill128,decode128,...]
+    python bench/experiments/mla_sparse_sweep.py [--jobs 10] [--round 1-12] [--cases prefill128,decode128,...]
 
 Every (case, config) pair is first compiled by ``--jobs`` child processes at once (Triton's cache
 is shared; a config that cannot launch, e.g. out of shared memory, is reported and dropped), then
@@ -45,6 +45,9 @@ CASES = {
     "prefill16l": ("prefill", dict(s_q=1024, h=16, s_kv=131072)),
     "decode16b128q2": ("decode", dict(B=128, q_len=2, h=16)),
     "v4b32q2": ("v4", dict(B=32, q_len=2)),
+    "decode16b1": ("decode", dict(B=1, q_len=1, h=16)),
+    "decode16b8": ("decode", dict(B=8, q_len=1, h=16)),
+    "decode128b1": ("decode", dict(B=1, q_len=1, h=128)),
 }
 #: the second round's cases (``--round 2``): the first round's best tiles around the other head counts
 ROUND2 = "prefill64,prefill32,decode128b128,decode128b8,decode16b32,decode128,v4b8,v4b32,v4b128"
@@ -142,9 +145,18 @@ ROUND10 = {"decode16b128q2": H16_10, "decode16": H16_10, "decode16b32": H16_10}
 #: tile at 2 and 3 stages (round 7 timed them ahead at 1 stage only)
 V4_11 = [dict(cfg(64, n, 8, s), min_split_tokens=64, waves=1, **PF) for n in (64, 32) for s in (1, 2, 3)]
 ROUND11 = {name: V4_11 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
+#: the twelfth round (``--round 12``): bf16 pages at small batches, round 9's tiles by the shortest
+#: split (``min_split_tokens``; 256 by default: B 1 h 16 walks 8 tiles of 32 in each of 8 splits),
+#: h 16 also beside the earlier 16 x 64 x 2-stage tile
+H16_12 = ([dict(cfg(16, 32, 4, 3), **PF)] + [dict(cfg(16, 32, 4, 3), min_split_tokens=m, **PF) for m in (64, 128)]
+          + [cfg(16, 64, 4, 2)])
+H128_12 = [dict(cfg(64, 32, 8, 3), waves=1, **PF)] + [dict(cfg(64, 32, 8, 3), waves=1, min_split_tokens=m, **PF)
+                                                        for m in (64, 128)]
+ROUND12 = {"decode16b1": H16_12, "decode16b8": H16_12, "decode16": H16_12, "decode128b1": H128_12,
+           "decode128b8": H128_12, "decode128": H128_12}
 #: the rounds from 3 on: case -> its configs (``--round N`` runs them all by default)
 CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7, 8: ROUND8, 9: ROUND9, 10: ROUND10,
-               11: ROUND11}
+               11: ROUND11, 12: ROUND12}
 ROUND = 1
 
 
@@ -208,7 +220,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-11: ROUND3-ROUND11")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-12: ROUND3-ROUND12")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND
