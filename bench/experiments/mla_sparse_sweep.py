@@ -115,7 +115,7 @@ V4_7 = ([dict(cfg(64, 64, 8, s), min_split_tokens=64, waves=1) for s in (1, 2)]
         + [dict(cfg(64, 64, 8, 1), min_split_tokens=64, waves=1, prefetch_from_tiles=t) for t in (1, 3, 4, 6)])
 ROUND7 = {name: V4_7 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 #: the eighth round (``--round 8``): bf16 pages with index entries loaded a tile ahead
-#: (``prefetch_from_tiles`` 1) beside the H200 file's tiles, at their stages and one more: the
+#: (``prefetch_from_tiles`` 1) beside the tiles the H200 file held at fef2dd7, at their stages and one more: the
 #: pipeliner prefetches a tile's rows one iteration ahead, their addresses then no longer waiting
 #: on the same iteration's index load
 H16_8 = [cfg(16, 64, 4, 2), cfg(16, 64, 4, 3), cfg(16, 32, 4, 3), cfg(16, 32, 4, 4)]
