@@ -62,7 +62,18 @@ def nan_empty(monkeypatch):
 
 
 def _dev(t):
-    return t.to(DEVICE) if isinstance(t, torch.Tensor) else t
+    """``t`` on the test device with its strides and the bytes between its elements kept (its whole
+    storage copied): ``Tensor.to`` would pack a strided cache's pages back to back, and the op
+    would never see pages apart or DeepSeek-V4's padded page stride when compiled."""
+    if not isinstance(t, torch.Tensor) or t.device.type == torch.device(DEVICE).type:
+        return t
+    return _copy_keeping_layout(t, DEVICE)
+
+
+def _copy_keeping_layout(t: torch.Tensor, device) -> torch.Tensor:
+    storage = t.untyped_storage()
+    whole = torch.empty(0, dtype=t.dtype).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return whole.to(device, copy=True).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 # ---- caches ----
