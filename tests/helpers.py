@@ -38,6 +38,18 @@ def kv_load_config(kv_load: str) -> dict:
     return config
 
 
+def to_device(t, device=DEVICE):
+    """``t`` on ``device`` with its strides and the bytes between its elements kept (its whole
+    storage copied; anything but a tensor, or a tensor already there, as given): ``Tensor.to``
+    packs a view with gaps (pages apart, heads apart, padded page strides), so the compiled op
+    would never see one."""
+    if not isinstance(t, torch.Tensor) or t.device.type == torch.device(device).type:
+        return t
+    storage = t.untyped_storage()
+    whole = torch.empty(0, dtype=t.dtype).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return whole.to(device, copy=True).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill with a value no kernel produces, so an unwritten element fails the comparison."""
     if t.dtype.is_floating_point:

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, assert_close, capture_graph, replay_without_host_sync
+from helpers import DEVICE, FLOAT_DTYPES, assert_close, capture_graph, replay_without_host_sync, to_device
 from triton_xpu_attn import flash_mla_sparse_fwd
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -109,10 +109,6 @@ def make_case(gen, s_q, h_q, h_kv, d_qk, s_kv, topk, dtype, *, index_dtype=torch
     return dict(q=q, kv=kv, kv_buf=buf, indices=idx, topk_length=tl_, attn_sink=attn_sink)
 
 
-def _dev(t):
-    return t.to(DEVICE) if isinstance(t, torch.Tensor) else t
-
-
 def _buckets(buckets):
     """The prefill's lists grouped in ``buckets`` buckets whatever the cache's size (0: as given)."""
     return mock.patch.object(index_order, "locality_buckets", lambda *args: buckets)
@@ -132,7 +128,7 @@ def run_and_check(case, sm_scale, d_v, *, config=None, use_out=False, buckets=0)
         kwargs = dict(out=out_buf[:, :, :d_v], max_logits=stats_buf[0, :, ::2], lse=stats_buf[1, :, 1::2])
     with _config(config), _buckets(buckets):
         out, max_logits, lse = flash_mla_sparse_fwd(
-            _dev(q), kv_dev, _dev(idx), sm_scale, d_v, _dev(sink), _dev(tl_), **kwargs)
+            to_device(q), kv_dev, to_device(idx), sm_scale, d_v, to_device(sink), to_device(tl_), **kwargs)
     if use_out:
         assert out is kwargs["out"] and max_logits is kwargs["max_logits"] and lse is kwargs["lse"]
         assert torch.isnan(out_buf[:, :, d_v:]).all(), "wrote past d_v"
@@ -245,7 +241,7 @@ def test_kernel_hand_example():
     kv[0, 0, 0], kv[1, 0, 1] = 1.0, 1.0
     kv[2] = float("nan")
     idx = torch.tensor([[[0, 1, -1, 3, 1]]], dtype=torch.int32)
-    out, mx, lse = flash_mla_sparse_fwd(_dev(q), _dev(kv), _dev(idx), 1.0, 8)
+    out, mx, lse = flash_mla_sparse_fwd(to_device(q), to_device(kv), to_device(idx), 1.0, 8)
     e2 = math.exp(2)
     expected = torch.zeros(8)
     expected[0], expected[1] = e2 / (e2 + 2), 2 / (e2 + 2)  # V: r0's channel 0, r1's channel 1 (listed twice)
@@ -268,7 +264,7 @@ def _call(case, **over):
     args = dict(q=case["q"], kv=case["kv_buf"][:, :, : case["q"].shape[2]], indices=case["indices"], sm_scale=0.05,
                 d_v=512, attn_sink=case["attn_sink"], topk_length=case["topk_length"])
     args.update(over)
-    return flash_mla_sparse_fwd(**{k: _dev(v) for k, v in args.items()})
+    return flash_mla_sparse_fwd(**{k: to_device(v) for k, v in args.items()})
 
 
 def _equal(a, b):
@@ -320,7 +316,7 @@ def test_unselected_rows_are_never_read():
         kv[idx[t, g, i], g] = clean[idx[t, g, i], g]
     named_past_length = {(int(idx[t, g, i]), g) for t in range(s_q) for g in range(h_kv) for i in range(tl_[t], topk)}
     assert named_past_length - {(int(idx[t, g, i]), g) for t, g, i in counted.nonzero().tolist()}, "case too dense"
-    got = flash_mla_sparse_fwd(_dev(q), _dev(kv), _dev(idx), 0.05, 512, None, _dev(tl_))
+    got = flash_mla_sparse_fwd(to_device(q), to_device(kv), to_device(idx), 0.05, 512, None, to_device(tl_))
     exp = ref.mla_sparse_fwd(q, clean, idx, 0.05, 512, None, tl_)  # the clean rows: only the selected ones matter
     assert all(torch.isfinite(x.cpu()).all() for x in got)
     assert_close(got[0], exp[0], torch.float32)
@@ -383,8 +379,9 @@ def test_kv_heads_map_to_query_head_groups():
     for g in range(2):
         heads = slice(20 * g, 20 * (g + 1))
         alone = flash_mla_sparse_fwd(
-            _dev(case["q"][:, heads]), _dev(case["kv_buf"][:, g : g + 1]), _dev(case["indices"][:, g : g + 1]), 0.04, 512,
-            _dev(case["attn_sink"][heads]), _dev(case["topk_length"]))
+            to_device(case["q"][:, heads]), to_device(case["kv_buf"][:, g : g + 1]),
+            to_device(case["indices"][:, g : g + 1]), 0.04, 512,
+            to_device(case["attn_sink"][heads]), to_device(case["topk_length"]))
         assert all(torch.equal(x[:, heads], y.cpu().to(x.dtype)) for x, y in zip(got, alone))
 
 
@@ -408,8 +405,8 @@ def test_as_sgl_kernel_xpu_tests_call_it():
         idx[t, 0, : len(chosen)] = chosen.to(torch.int32)
     tl_ = torch.randint(1, topk + 1, (s_q,), generator=gen, dtype=torch.int32)
     sink = torch.randn(h_q, generator=gen)
-    out, mx, lse = flash_mla_sparse_fwd(q=_dev(q), kv=_dev(kv), indices=_dev(idx), sm_scale=192**-0.5, d_v=512,
-                                        attn_sink=_dev(sink), topk_length=_dev(tl_))
+    out, mx, lse = flash_mla_sparse_fwd(q=to_device(q), kv=to_device(kv), indices=to_device(idx), sm_scale=192**-0.5,
+                                        d_v=512, attn_sink=to_device(sink), topk_length=to_device(tl_))
     exp = ref.mla_sparse_fwd(q, kv, idx, 192**-0.5, 512, sink, tl_)
     assert out.shape == (s_q, h_q, 512) and mx.shape == lse.shape == (s_q, h_q)
     assert_close(out, exp[0], torch.bfloat16)
@@ -494,8 +491,8 @@ def _op_args():
     case = _small_case(seed=2, s_q=2, h_q=16, s_kv=20, topk=19)
     case["attn_sink"] = torch.randn(16)
     case["topk_length"] = torch.tensor([4, 40], dtype=torch.int32)
-    return tuple(_dev(case[k]) for k in ("q", "kv", "indices")), dict(
-        sm_scale=0.05, d_v=512, attn_sink=_dev(case["attn_sink"]), topk_length=_dev(case["topk_length"]))
+    return tuple(to_device(case[k]) for k in ("q", "kv", "indices")), dict(
+        sm_scale=0.05, d_v=512, attn_sink=to_device(case["attn_sink"]), topk_length=to_device(case["topk_length"]))
 
 
 def test_custom_op_opcheck_and_equals_the_function():

@@ -20,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, INTERPRET, assert_close, replay_without_host_sync
+from helpers import DEVICE, INTERPRET, assert_close, replay_without_host_sync, to_device
 from triton_xpu_attn import flash_mla_with_kvcache, get_mla_metadata
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -59,21 +59,6 @@ def nan_empty(monkeypatch):
         return t
 
     monkeypatch.setattr(torch, "empty", empty)
-
-
-def _dev(t):
-    """``t`` on the test device with its strides and the bytes between its elements kept (its whole
-    storage copied): ``Tensor.to`` would pack a strided cache's pages back to back, and the op
-    would never see pages apart or DeepSeek-V4's padded page stride when compiled."""
-    if not isinstance(t, torch.Tensor) or t.device.type == torch.device(DEVICE).type:
-        return t
-    return _copy_keeping_layout(t, DEVICE)
-
-
-def _copy_keeping_layout(t: torch.Tensor, device) -> torch.Tensor:
-    storage = t.untyped_storage()
-    whole = torch.empty(0, dtype=t.dtype).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
-    return whole.to(device, copy=True).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 # ---- caches ----
@@ -218,7 +203,7 @@ _OP_KEYS = ("q", "k_cache", "indices", "attn_sink", "extra_k_cache", "extra_indi
 
 
 def run_op(case, sm_scale=None, head_dim_v=512, config=None, **over):
-    args = {k: _dev(case[k]) for k in _OP_KEYS}
+    args = {k: to_device(case[k]) for k in _OP_KEYS}
     args.update(over)
     ctx = tune.override("mla_sparse_decode", config) if config is not None else _null()
     with ctx:
@@ -349,8 +334,8 @@ def test_fp8_dequantisation_by_hand():
         for c, v in expected.items():
             assert deq[c].item() == v, (layout, c, deq[c].item(), v)
         q = torch.zeros(1, 1, 16, D_QK[layout], dtype=torch.bfloat16)
-        out, lse = flash_mla_with_kvcache(_dev(q), _dev(cache), None, None, 512, None, None, 1.0, False, True,
-                                          _dev(torch.tensor([[[0, -1]]], dtype=torch.int32)))
+        out, lse = flash_mla_with_kvcache(to_device(q), to_device(cache), None, None, 512, None, None, 1.0, False, True,
+                                          to_device(torch.tensor([[[0, -1]]], dtype=torch.int32)))
         got = out[0, 0, 0].cpu().double()
         for c, v in expected.items():
             if c < 512:
@@ -368,10 +353,11 @@ def test_extra_cache_joins_the_softmax_by_hand():
     xk[1, 0, 0, 2] = 1.0
     q = torch.zeros(1, 1, 1, d)
     q[..., 0], q[..., 2] = 2.0, 1.0  # logits: k0 2, k1 0, extra token 1: 1
-    out, lse = flash_mla_with_kvcache(_dev(q), _dev(kc), None, None, 8, None, None, 1.0,
-                                      indices=_dev(torch.tensor([[[0, 1, 5, -1]]], dtype=torch.int32)),
-                                      extra_k_cache=_dev(xk),
-                                      extra_indices_in_kvcache=_dev(torch.tensor([[[1, 2, -7]]], dtype=torch.int32)))
+    out, lse = flash_mla_with_kvcache(to_device(q), to_device(kc), None, None, 8, None, None, 1.0,
+                                      indices=to_device(torch.tensor([[[0, 1, 5, -1]]], dtype=torch.int32)),
+                                      extra_k_cache=to_device(xk),
+                                      extra_indices_in_kvcache=to_device(torch.tensor([[[1, 2, -7]]],
+                                                                                      dtype=torch.int32)))
     z = torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64)
     w = torch.softmax(z, 0)
     assert math.isclose(lse.item(), torch.logsumexp(z, 0).item(), rel_tol=1e-6)
@@ -548,7 +534,8 @@ def test_dense_path_matches_reference(causal, s_q):
         for j in range(int(lens[b])):
             cache[table[b, j // page], j % page] = torch.randn(1, 576, generator=gen)
     q = torch.randn(B, s_q, h_q, 576, generator=gen)
-    out, lse = flash_mla_with_kvcache(_dev(q), _dev(cache), _dev(table), _dev(lens), 512, None, None, 0.07, causal)
+    out, lse = flash_mla_with_kvcache(to_device(q), to_device(cache), to_device(table), to_device(lens), 512,
+                                      None, None, 0.07, causal)
     exp_out, exp_lse = ref.mla_decode(q[..., :512], q[..., 512:], cache, lens, table, 0.07, causal=causal)
     exp_lse = torch.where(exp_lse == -math.inf, math.inf, exp_lse).transpose(1, 2)
     assert out.shape == (B, s_q, h_q, 512) and lse.shape == (B, h_q, s_q)
@@ -670,10 +657,11 @@ def _op_args():
     gen = torch.Generator().manual_seed(4)
     case = make_case(gen, B=2, s_q=2, h_q=16, layout="plain", dtype=torch.float32, page_size=2, num_pages=6,
                      topk=19, extra=(2, 4, 7, True), topk_length=True, sink=True)
-    return (_dev(case["q"]), _dev(case["k_cache"])), dict(
-        softmax_scale=0.05, indices=_dev(case["indices"]), attn_sink=_dev(case["attn_sink"]),
-        extra_k_cache=_dev(case["extra_k_cache"]), extra_indices_in_kvcache=_dev(case["extra_indices_in_kvcache"]),
-        topk_length=_dev(case["topk_length"]), extra_topk_length=_dev(case["extra_topk_length"]))
+    return (to_device(case["q"]), to_device(case["k_cache"])), dict(
+        softmax_scale=0.05, indices=to_device(case["indices"]), attn_sink=to_device(case["attn_sink"]),
+        extra_k_cache=to_device(case["extra_k_cache"]),
+        extra_indices_in_kvcache=to_device(case["extra_indices_in_kvcache"]),
+        topk_length=to_device(case["topk_length"]), extra_topk_length=to_device(case["extra_topk_length"]))
 
 
 def test_custom_op_opcheck_and_equals_the_function(monkeypatch):
@@ -749,7 +737,7 @@ def test_sparse_decode_graph_replay_without_host_sync(monkeypatch):
     B, s_q, h_q = 2, 2, 64
     case = make_case(gen, B=B, s_q=s_q, h_q=h_q, layout="v4" if HAS_FP8 else "plain", dtype=torch.bfloat16,
                      page_size=64, num_pages=8, topk=300, extra=(4, 64, 100, True), topk_length=True, sink=True)
-    dev = {k: _dev(v) for k, v in case.items()}
+    dev = {k: to_device(v) for k, v in case.items()}
 
     def run():
         return flash_mla_with_kvcache(dev["q"], dev["k_cache"], None, None, 512, None, None, None, False,
