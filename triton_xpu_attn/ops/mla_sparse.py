@@ -41,9 +41,11 @@ power of two in 16..128, ``d`` = d_qk, ``dtype``; the decode adds ``cache``). Th
 tiles timed there (2026-11-28: 64-head tiles at h >= 128 although ptxas spills them, 64-entry tiles
 below, a ``waves`` count of programs per SM for the decode's splits and a ``min_split_tokens``
 floor on a split's entries); the H200's file the same tiles, timed there (1.7-4x the built-in ones;
-prefill h 32 / 64 1.2-1.4x the nearest bucket's; decode h 16 on 16 x 64 entries); elsewhere the
-built-in tiles are the largest that compile without spilling (Intel: native code through ocloc;
-NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
+prefill h 32 / 64 1.2-1.4x the nearest bucket's), except bf16 decode h 16 on 16 x 32 entries at 3
+stages, and bf16 decode h 16 / 128 and prefill h 128 loading each tile's index entries a tile ahead
+(``prefetch_from_tiles``; the rows then multi-buffered) with decode splits of at least 64 entries;
+elsewhere the built-in tiles are the largest that compile without spilling (Intel: native code
+through ocloc; NVIDIA: sm_90 through ptxas), 1.8-3x slower than the H100's on the H100.
 """
 from __future__ import annotations
 
