@@ -58,17 +58,8 @@ from .._common import (
 )
 from .merge_state import _lse_weights
 from .mla_decode import flash_mla_decode, flash_mla_get_workspace_size
-from .mla_sparse import (
-    LAYOUT_FP8_V4,
-    LAYOUT_FP8_V32,
-    LAYOUT_PLAIN,
-    MAX_HEAD_DIM,
-    V4_RECORD,
-    V4_SCALE_RECORD,
-    V32_RECORD,
-    launch_sparse,
-    sparse_tiles,
-)
+from .mla_sparse import MAX_HEAD_DIM, launch_sparse, sparse_tiles
+from .sparse_rows import LAYOUT_FP8_V4, LAYOUT_FP8_V32, LAYOUT_PLAIN, V4_RECORD, V4_SCALE_RECORD, V32_RECORD
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 

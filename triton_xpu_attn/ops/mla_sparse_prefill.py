@@ -19,7 +19,8 @@ from .._common import (
     interpreter_float32,
 )
 from . import index_order
-from .mla_sparse import LAYOUT_PLAIN, MAX_HEAD_DIM, launch_sparse, sparse_tiles
+from .mla_sparse import MAX_HEAD_DIM, launch_sparse, sparse_tiles
+from .sparse_rows import LAYOUT_PLAIN
 
 
 def _check_output(name: str, t, dtype: torch.dtype, shape: tuple, last_dim_contiguous: bool = False):
