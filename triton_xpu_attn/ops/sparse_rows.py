@@ -24,6 +24,18 @@ V4_TILE = 64
 V32_RECORD = 656
 V32_NOPE = 512
 V32_TILE = 128
+V32_ROPE_AT = V32_NOPE + 16
+
+# the same, for the kernels (a kernel reads module globals only as constexprs)
+_PLAIN = tl.constexpr(LAYOUT_PLAIN)
+_FP8_V4 = tl.constexpr(LAYOUT_FP8_V4)
+_V4_RECORD = tl.constexpr(V4_RECORD)
+_V4_SCALE_RECORD = tl.constexpr(V4_SCALE_RECORD)
+_V4_NOPE = tl.constexpr(V4_NOPE)
+_V4_TILE = tl.constexpr(V4_TILE)
+_V32_NOPE = tl.constexpr(V32_NOPE)
+_V32_TILE = tl.constexpr(V32_TILE)
+_V32_ROPE_AT = tl.constexpr(V32_ROPE_AT)
 
 
 @triton.jit
@@ -73,18 +85,18 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
     tile, put in place beside the fp8 tiles; else per channel (IGC: 1 KB spilled on bmg for V4 at 16
     warps with the wide form)."""
     cols = c0 + tl.arange(0, W)
-    if LAYOUT == 0:
+    if LAYOUT == _PLAIN:
         k = tl.load(rows[:, None] + cols[None, :], mask=_rows_cols_mask(valid, cols, D_QK, HI), other=0.0)
         return k.to(DTYPE)
     else:
-        NOPE: tl.constexpr = 448 if LAYOUT == 1 else 512
-        TILE: tl.constexpr = 64 if LAYOUT == 1 else 128
-        ROPE_AT: tl.constexpr = 448 if LAYOUT == 1 else 528
+        NOPE: tl.constexpr = _V4_NOPE if LAYOUT == _FP8_V4 else _V32_NOPE
+        TILE: tl.constexpr = _V4_TILE if LAYOUT == _FP8_V4 else _V32_TILE
+        ROPE_AT: tl.constexpr = _V4_NOPE if LAYOUT == _FP8_V4 else _V32_ROPE_AT
         BLOCK_N: tl.constexpr = rows.shape[0]
         # DeepSeek-V4: a slice of several tiles ending at the rope's end, the 64 rope channels its
         # last tile (the held score dot's one 512-wide piece)
         # (pairs: triton-xpu 3.3 has no chained boolean operators)
-        ROPE_LAST: tl.constexpr = ((LAYOUT == 1 and WIDE_ROPE) and (W > TILE and D_QK == NOPE + TILE)) and (
+        ROPE_LAST: tl.constexpr = ((LAYOUT == _FP8_V4 and WIDE_ROPE) and (W > TILE and D_QK == NOPE + TILE)) and (
             HI == D_QK and LO + W == HI)
         k = tl.zeros([BLOCK_N, W], dtype=tl.float32)
         if LO < NOPE:
@@ -96,7 +108,7 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
             if W <= TILE:
                 # one tile: one scale a row
                 in_nope = valid & ((c0 + tl.zeros([BLOCK_N], dtype=tl.int32)) < NOPE)
-                if LAYOUT == 1:
+                if LAYOUT == _FP8_V4:
                     scale = _ue8m0_to_f32(tl.load(scale_rows + c0 // TILE, mask=in_nope, other=127).to(tl.int32))
                 else:
                     scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)) + c0 // TILE, mask=in_nope, other=1.0)
@@ -105,7 +117,7 @@ def _k_cols(rows, scale_rows, valid, c0, W: tl.constexpr, LO: tl.constexpr, HI: 
                 G: tl.constexpr = W // TILE
                 g = c0 // TILE + tl.arange(0, G)
                 g_mask = valid[:, None] & (g < NOPE // TILE)[None, :]
-                if LAYOUT == 1:
+                if LAYOUT == _FP8_V4:
                     scale = _ue8m0_to_f32(tl.load(scale_rows[:, None] + g[None, :], mask=g_mask, other=127).to(tl.int32))
                 else:
                     scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=g_mask,
@@ -161,12 +173,12 @@ def _cache_rows(base, idx, ok, page_size, page_shift, stride_page, stride_slot, 
         page = safe
         slot = safe * 0
     page = page.to(tl.int64)
-    if LAYOUT == 1:
+    if LAYOUT == _FP8_V4:
         # DeepSeek-V4 page: page_size 576-byte records, then page_size 8-byte scale records
         page_start = base + page * stride_page
-        rows = page_start + slot * 576
-        scale_rows = page_start + page_size * 576 + slot * 8
+        rows = page_start + slot * _V4_RECORD
+        scale_rows = page_start + page_size * _V4_RECORD + slot * _V4_SCALE_RECORD
     else:
         rows = base + page * stride_page + slot * stride_slot
-        scale_rows = rows + 512  # DeepSeek-V3.2 record: the fp32 scales follow the 512 nope bytes
+        scale_rows = rows + _V32_NOPE  # DeepSeek-V3.2 record: the fp32 scales follow the nope bytes
     return valid, rows, scale_rows
