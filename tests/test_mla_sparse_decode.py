@@ -308,6 +308,42 @@ def test_d512_tiles_hold_one_512_wide_piece(config, cache):
     assert (tiles["BLOCK_MAIN"], tiles["BLOCK_TAIL"]) == (512, 0)
 
 
+@pytest.mark.parametrize("config, cache, refused", [
+    (dict(BLOCK_H=64, BLOCK_N=128, SCORE_CHUNK=0, BLOCK_DV=0), "fp8_v4", "at most 64"),
+    (dict(BLOCK_H=64, BLOCK_N=32, SCORE_CHUNK=64, BLOCK_DV=0), "fp8_v4", "at least 64"),
+    (dict(BLOCK_H=64, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=256), "fp8_v4", "at least 64"),
+    (dict(BLOCK_H=128, BLOCK_N=32, SCORE_CHUNK=128, BLOCK_DV=0), "fp8_v32", "at least 64"),
+    (dict(BLOCK_H=64, BLOCK_N=32, SCORE_CHUNK=64, BLOCK_DV=0), "plain", None),
+    (dict(BLOCK_H=64, BLOCK_N=64, SCORE_CHUNK=64, BLOCK_DV=256), "fp8_v4", None),
+    (dict(BLOCK_H=32, BLOCK_N=32, SCORE_CHUNK=64, BLOCK_DV=256), "fp8_v4", None),
+    (dict(BLOCK_H=16, BLOCK_N=16, SCORE_CHUNK=64, BLOCK_DV=64), "fp8_v32", None),
+    (dict(BLOCK_H=64, BLOCK_N=32, SCORE_CHUNK=0, BLOCK_DV=0), "fp8_v4", None),
+])
+def test_fp8_tiles_sm90_compiles_wrongly_are_refused_on_cuda(monkeypatch, config, cache, refused):
+    """On CUDA the fp8-cache tiles that sm_90 compiles to wrong outputs or illegal memory accesses
+    raise ``ValueError`` naming ``BLOCK_N`` before anything launches (64 heads x 128 entries; 64+
+    heads x 16 / 32 entries with the score dot in chunks); their neighbours, the same tiles over
+    bf16 rows and other backends take them."""
+    from triton_xpu_attn import device as _device
+    from triton_xpu_attn.ops.mla_sparse import sparse_tiles
+
+    d_qk = 512 if cache == "fp8_v4" else 576
+
+    def tiles():
+        return sparse_tiles(64, 1, d_qk, 512, torch.bfloat16, torch.device("cpu"), op="mla_sparse_decode",
+                            cache=cache)
+
+    with tune.override("mla_sparse_decode", dict(config, num_warps=8, num_stages=1)):
+        if _device.backend() != "cuda":
+            assert tiles()["BLOCK_N"] == config["BLOCK_N"]
+        monkeypatch.setattr(_device, "backend", lambda: "cuda")
+        if refused:
+            with pytest.raises(ValueError, match=rf"^BLOCK_N must be {refused} for fp8 caches on CUDA"):
+                tiles()
+        else:
+            assert tiles()["BLOCK_N"] == config["BLOCK_N"]
+
+
 # ---- hand examples ----
 
 

@@ -154,9 +154,18 @@ H128_12 = [dict(cfg(64, 32, 8, 3), waves=1, **PF)] + [dict(cfg(64, 32, 8, 3), wa
                                                         for m in (64, 128)]
 ROUND12 = {"decode16b1": H16_12, "decode16b8": H16_12, "decode16": H16_12, "decode128b1": H128_12,
            "decode128b8": H128_12, "decode128": H128_12}
+#: the thirteenth round (``--round 13``): DeepSeek-V4 pages on chunked tiles (the score dot in
+#: ``SCORE_CHUNK``-channel pieces, ``BLOCK_DV`` output channels a program, each program redoing the
+#: score dot): 4 warps at 255 registers and 82-98 KB of shared memory leave room for 2 programs an SM
+#: (sm_90, ptxas: 64 x 64 / 64 x 32 entries, 64-channel chunks, 60-460 B spilled at 4 warps)
+V4_13 = [dict(c, min_split_tokens=64, waves=w) for c, w in (
+    (cfg(64, 64, 4, 1, 256, chunk=64), 2), (cfg(64, 64, 4, 1, 256, chunk=64), 1), (cfg(64, 64, 4, 1, 128, chunk=64), 2),
+    (cfg(64, 32, 4, 1, 256, chunk=64), 2), (cfg(64, 32, 4, 1, 128, chunk=64), 2), (cfg(64, 32, 4, 2, 128, chunk=64), 2),
+    (cfg(64, 64, 8, 1, 256, chunk=64), 1), (cfg(64, 32, 8, 1, 128, chunk=64), 1))]
+ROUND13 = {name: V4_13 for name in ("v4b8", "v4b32", "v4b32q2", "v4b128")}
 #: the rounds from 3 on: case -> its configs (``--round N`` runs them all by default)
 CASE_ROUNDS = {3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7, 8: ROUND8, 9: ROUND9, 10: ROUND10,
-               11: ROUND11, 12: ROUND12}
+               11: ROUND11, 12: ROUND12, 13: ROUND13}
 ROUND = 1
 
 
@@ -220,7 +229,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--cases", default=None)
-    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-12: ROUND3-ROUND12")
+    ap.add_argument("--round", type=int, default=1, help="1: the first tile list; 2: the second (ROUND2 cases); 3-13: ROUND3-ROUND13")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     global ROUND

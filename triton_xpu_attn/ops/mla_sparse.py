@@ -472,13 +472,21 @@ def sparse_tiles(h_q: int, h_kv: int, d_qk: int, d_v: int, dtype: torch.dtype, d
     config = tune.lookup(op, fields, _heuristic_config(group, dtype, cache), device=device)
     block_h = config_pow2("mla_sparse", "BLOCK_H", config["BLOCK_H"])
     block_n = config_pow2("mla_sparse", "BLOCK_N", config["BLOCK_N"])
-    if cache not in (None, "plain") and block_n > 64 and _device.backend() == "cuda":
-        # compiled for sm_90 (Triton 3.6), 64 heads x 128 fp8 entries dequantised in registers gave
-        # wrong outputs (relative error ~1; the interpreter's are right): refused, not run
-        raise ValueError(f"BLOCK_N must be at most 64 for fp8 caches on CUDA, got {block_n}")
     score_chunk = int(config.get("SCORE_CHUNK", 0) or 0)
     if score_chunk:
         score_chunk = config_pow2("mla_sparse", "SCORE_CHUNK", score_chunk)
+    if cache not in (None, "plain") and _device.backend() == "cuda":
+        # tiles over fp8 caches that sm_90 compiles wrongly (Triton 3.6; the interpreter's outputs
+        # are right): refused, not run. 64 heads x 128 entries gave wrong outputs (relative error
+        # ~1); 64 or 128 heads x 16 or 32 entries with the score dot in chunks gave wrong outputs or
+        # illegal memory accesses (DeepSeek-V4 and V3.2 pages, 4 and 8 warps, 1 and 2 stages, with
+        # and without the hardware e4m3 conversion; H200, 2026-11-28). The same tiles over bf16
+        # rows, and chunked tiles of 64 entries or of 16 / 32 heads, compute right.
+        if block_n > 64:
+            raise ValueError(f"BLOCK_N must be at most 64 for fp8 caches on CUDA, got {block_n}")
+        if score_chunk and block_h >= 64 and block_n < 64:
+            raise ValueError(f"BLOCK_N must be at least 64 for fp8 caches on CUDA when BLOCK_H >= 64 and "
+                             f"SCORE_CHUNK > 0, got BLOCK_N {block_n} (BLOCK_H {block_h}, SCORE_CHUNK {score_chunk})")
     block_dv_all = max(16, next_power_of_2(d_v))
     block_dv = int(config.get("BLOCK_DV", 0) or 0)
     block_dv = min(config_pow2("mla_sparse", "BLOCK_DV", block_dv), block_dv_all) if block_dv else block_dv_all
