@@ -157,7 +157,8 @@ ROUND12 = {"decode16b1": H16_12, "decode16b8": H16_12, "decode16": H16_12, "deco
 #: the thirteenth round (``--round 13``): DeepSeek-V4 pages on chunked tiles (the score dot in
 #: ``SCORE_CHUNK``-channel pieces, ``BLOCK_DV`` output channels a program, each program redoing the
 #: score dot): 4 warps at 255 registers and 82-98 KB of shared memory leave room for 2 programs an SM
-#: (sm_90, ptxas: 64 x 64 / 64 x 32 entries, 64-channel chunks, 60-460 B spilled at 4 warps)
+#: (sm_90, ptxas: 64 x 64 / 64 x 32 entries, 64-channel chunks, 60-460 B spilled at 4 warps); its
+#: 64 x 32 tiles are refused on CUDA (sparse_tiles: sm_90 compiles them wrongly) and report the refusal
 V4_13 = [dict(c, min_split_tokens=64, waves=w) for c, w in (
     (cfg(64, 64, 4, 1, 256, chunk=64), 2), (cfg(64, 64, 4, 1, 256, chunk=64), 1), (cfg(64, 64, 4, 1, 128, chunk=64), 2),
     (cfg(64, 32, 4, 1, 256, chunk=64), 2), (cfg(64, 32, 4, 1, 128, chunk=64), 2), (cfg(64, 32, 4, 2, 128, chunk=64), 2),
