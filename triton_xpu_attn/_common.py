@@ -425,6 +425,51 @@ def exp2_shifted(s, scale, m_safe, SCALE_IN_EXP: tl.constexpr):
     return p
 
 
+@triton.jit
+def e4m3_bytes(x):
+    """Kernel helper: fp32 ``x`` as fp8 e4m3fn bytes (int32, 0..255), in integer arithmetic:
+    rounded to nearest even, saturated to +-448 (infinities too), subnormals (multiples of 2^-9)
+    rounded likewise, the sign kept (-0.0 -> 0x80), NaN -> 0x7F / 0xFF. Bit for bit
+    ``x.clamp(-448, 448).to(torch.float8_e4m3fn)``. The Intel GPU path of the e4m3 quantisers
+    (``fp8_cast``): triton-xpu's own fp32 -> e4m3 conversion saturates at 256 and rounds through
+    fp16 before 3.4, and through fp16 in 3.4 (docs/xpu.md, "fp8 e4m3 stores")."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    e = mag >> 23  # fp32 biased exponent; e4m3 normals (|x| >= 2^-6) have e >= 121
+    # normals: drop 20 of the 23 mantissa bits to nearest even (a carry runs into the exponent),
+    # rebias (120 << 3 = 960); 0x7E (448) at most; |x| capped at inf first (no int32 overflow)
+    m = tl.minimum(mag, 0x7F800000)
+    normal = tl.minimum(((m + 0x7FFFF + ((m >> 20) & 1)) >> 20) - 960, 0x7E)
+    # below 2^-6: the 24-bit significand shifted right by 141 - e (k * 2^-9, k = 0..8; 8 is the
+    # smallest normal's byte), to nearest even; shifts kept in [21, 31] on every lane
+    s = tl.minimum(tl.maximum(141 - e, 21), 31)
+    sig = (mag & 0x7FFFFF) | 0x800000
+    q = sig >> s
+    rest = sig - (q << s)
+    half = 1 << (s - 1)
+    sub = q + ((rest > half) | ((rest == half) & ((q & 1) == 1))).to(tl.int32)
+    y = tl.where(e >= 121, normal, sub)
+    return tl.where(mag > 0x7F800000, 0x7F, y) | sign
+
+
+@triton.jit
+def fp8_cast(x, ptr, INTEL_GPU: tl.constexpr):
+    """Kernel helper: ``x`` as the element type of ``ptr``, what a store through ``ptr`` takes:
+    ``x.to(ptr.dtype.element_ty)``, except a wider float into an e4m3 target with ``INTEL_GPU``,
+    which gets :func:`e4m3_bytes` of its fp32 value reinterpreted as e4m3 (exact on every
+    triton-xpu; fp8 ``x`` is copied as it is). Elsewhere (NVIDIA: the hardware's saturating
+    conversion) the code is the plain cast."""
+    if INTEL_GPU and ptr.dtype.element_ty == tl.float8e4nv:
+        if x.dtype.is_fp8():
+            y = x.to(ptr.dtype.element_ty)
+        else:
+            y = e4m3_bytes(x.to(tl.float32)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        y = x.to(ptr.dtype.element_ty)
+    return y
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 

@@ -70,6 +70,14 @@ def backend() -> str:
     return "interpreter" if is_interpreter() else _HARDWARE_BACKEND
 
 
+def intel_gpu() -> bool:
+    """Whether kernels are compiled for an Intel GPU (``backend() == 'xpu'``): the ``INTEL_GPU``
+    constexpr of the kernels that quantise to fp8 e4m3, which then encode in integer arithmetic
+    (``_common.e4m3_bytes``) instead of triton-xpu's conversion (docs/xpu.md, "fp8 e4m3 stores").
+    Tests force it under the interpreter to run that path."""
+    return backend() == "xpu"
+
+
 def default_device() -> torch.device:
     """Device on which tensors for our kernels live by default (CPU under the interpreter)."""
     if _HARDWARE_BACKEND == "interpreter":

@@ -30,7 +30,8 @@ import triton.language as tl
 
 from .. import device as _device
 from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_bool, check_int, check_page_size, check_same_device,
-                       check_tensor, check_window, device_guard, dtype_names, next_power_of_2, register_xpu_compile)
+                       check_tensor, check_window, device_guard, dtype_names, fp8_cast, next_power_of_2,
+                       register_xpu_compile)
 from .kv_cache import _store_rows, request_of
 from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM
 from .paged_launch import _as_scale, _check_heads, _launch, _validate
@@ -119,9 +120,10 @@ def _append_kv_kernel(
     head_dim, head_dim_v,
     PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, UNIFORM: tl.constexpr, ROTARY: tl.constexpr,
     INTERLEAVED: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, INTEL_GPU: tl.constexpr = False,
 ):
-    """Program (new-token tile, KV head): the tile's keys (rotated) and values into the cache."""
+    """Program (new-token tile, KV head): the tile's keys (rotated) and values into the cache.
+    ``INTEL_GPU``: e4m3 encoded in integer arithmetic (``fp8_cast``; the launcher sets it on XPU)."""
     h = tl.program_id(1).to(tl.int64)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     b, i, ok = _rows_of_requests(t, cu_ptr, batch, search_steps, seq_len, UNIFORM, BLOCK_T)
@@ -158,13 +160,13 @@ def _append_kv_kernel(
             x = _rotated(src, d, ok, head_dim, r_pos, r_ok, cos_ptr, sin_ptr, stride_cs, rotary_half, INTERLEAVED)
             if QUANT:
                 x = tl.minimum(tl.maximum(x / k_scale, -FP8_MAX), FP8_MAX)
-            tl.store(k_cache_ptr + k_row[:, None] + d[None, :], x.to(k_cache_ptr.dtype.element_ty),
+            tl.store(k_cache_ptr + k_row[:, None] + d[None, :], fp8_cast(x, k_cache_ptr, INTEL_GPU),
                      mask=ok[:, None] & (d[None, :] < head_dim))
     else:
         _store_rows(k_ptr + h * stride_k_h, stride_k_t, t, k_cache_ptr, k_row, ok, head_dim, k_scale,
-                    BLOCK_D, QUANT, FP8_MAX)
+                    BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
     _store_rows(v_ptr + h * stride_v_h, stride_v_t, t, v_cache_ptr, v_row, ok, head_dim_v, v_scale,
-                BLOCK_D, QUANT, FP8_MAX)
+                BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
 
 
 def _register_compile_variants() -> None:
@@ -178,6 +180,7 @@ def _register_compile_variants() -> None:
         base_ptr="*i32", k_scale_ptr="*fp32", stride_ks_b="i32", stride_ks_h="i32", v_scale_ptr="*fp32",
         stride_vs_b="i32", stride_vs_h="i32", head_dim="i32", head_dim_v="i32",
         PAGED=True, HAS_BATCH_IDX=False, UNIFORM=False, INTERLEAVED=False, BLOCK_T=4, BLOCK_D=128,
+        INTEL_GPU=True,  # as the launcher sets it on XPU
     )
     register_xpu_compile(_append_kv_kernel, "append_kv bf16,D128,rotary", dict(
         common, k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", ROTARY=True,
@@ -185,6 +188,10 @@ def _register_compile_variants() -> None:
     register_xpu_compile(_append_kv_kernel, "append_kv bf16->fp8e4m3,D128,rotary", dict(
         common, k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", ROTARY=True,
         QUANT=True, FP8_MAX=448.0), num_warps=4)
+    # fp8 keys / values in the cache's dtype, copied (through fp8_cast's pass-through)
+    register_xpu_compile(_append_kv_kernel, "append_kv fp8e4m3 copy,D128", dict(
+        common, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", ROTARY=False,
+        QUANT=False, FP8_MAX=0.0), num_warps=4)
     register_xpu_compile(_rotary_kernel, "append_kv rotary q bf16,D128", dict(
         src_ptr="*bf16", stride_src_t="i64", stride_src_h="i32", dst_ptr="*bf16", stride_dst_t="i64",
         stride_dst_h="i32", cos_ptr="*bf16", sin_ptr="*bf16", stride_cs="i32", seqlen_ro="i32", rotary_half="i32",
@@ -263,7 +270,10 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     paged = page_table is not None
     fmt = k_cache.dtype if k_cache.dtype in FP8_DTYPES else None
     quant = fmt is not None and k.dtype != fmt
-    if quant and _device.is_interpreter():  # torch quantises, the kernel copies fp8 bytes
+    intel = _device.intel_gpu()
+    # under the interpreter torch quantises and the kernel copies fp8 bytes, but for e4m3 with
+    # INTEL_GPU (integer encoding: exact there)
+    if quant and _device.is_interpreter() and not (intel and fmt == torch.float8_e4m3fn):
         if rotary is not None:
             cos, sin, base, interleaved = rotary
             k = rotate_rows(k, rows, cos, sin, base, positional=True, interleaved=interleaved, out_dtype=torch.float32)
@@ -292,7 +302,7 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             k.shape[2], v.shape[2],
             PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None, UNIFORM=rows.cu is None, ROTARY=rotary is not None,
             INTERLEAVED=bool(interleaved), QUANT=quant, FP8_MAX=float(torch.finfo(fmt).max) if quant else 0.0,
-            BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4,
+            BLOCK_T=block_t, BLOCK_D=block_d, INTEL_GPU=intel, num_warps=4,
         )
 
 

@@ -37,6 +37,7 @@ from .._common import (
     check_same_device,
     check_tensor,
     device_guard,
+    fp8_cast,
     next_power_of_2,
     register_xpu_compile,
 )
@@ -56,10 +57,12 @@ def _indexer_k_quant_and_cache_kernel(
     k_ptr, k8_ptr, scale_in_ptr, cache8_ptr, cache_u8_ptr, slot_ptr,
     num_tokens, num_slots, block_size, stride_k_t, stride_k8_t, stride_cache_b, head_dim, quant_block, groups,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, QUANT: tl.constexpr, UE8M0: tl.constexpr,
+    INTEL_GPU: tl.constexpr = False,
 ):
     """Program (token tile, column group): the group's fp8 keys and its fp32 scale (as 4 bytes)
     into each token's slot. ``QUANT``: quantise ``k`` here; else copy the fp8 ``k8`` and
-    ``scale_in`` computed by the launcher."""
+    ``scale_in`` computed by the launcher. ``INTEL_GPU``: e4m3 encoded in integer arithmetic
+    (``fp8_cast``; the launcher sets it on XPU)."""
     g = tl.program_id(1).to(tl.int64)
     t, ok, blk, off = _token_slots(slot_ptr, num_tokens, num_slots, block_size, BLOCK_T)
     c = tl.arange(0, BLOCK_Q)
@@ -70,7 +73,7 @@ def _indexer_k_quant_and_cache_kernel(
         scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0
         if UE8M0:
             scale = tl.exp2(tl.ceil(tl.log2(scale)))
-        y = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0).to(cache8_ptr.dtype.element_ty)
+        y = fp8_cast(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0), cache8_ptr, INTEL_GPU)
     else:
         y = tl.load(k8_ptr + t[:, None] * stride_k8_t + col[None, :], mask=mask)
         scale = tl.load(scale_in_ptr + t * groups + g, mask=ok, other=1.0)
@@ -121,6 +124,7 @@ def _register_compile_variants() -> None:
         k8_ptr="*fp8e4nv", scale_in_ptr="*fp32", cache8_ptr="*fp8e4nv", cache_u8_ptr="*u8", slot_ptr="*i64",
         num_tokens="i32", num_slots="i64", block_size="i32", stride_k_t="i64", stride_k8_t="i64",
         stride_cache_b="i64", head_dim="i32", quant_block="i32", groups="i32",
+        INTEL_GPU=True,  # as the launcher sets it on XPU
     )
     # 8 tokens a tile: 16 x 64 tiles spill 5.3 KB (PVC, 128 GRF) where 8 x 64 and 16 x 128 do not
     register_xpu_compile(_indexer_k_quant_and_cache_kernel, "bf16->fp8e4m3,D128,Q128,ue8m0", dict(
@@ -149,8 +153,10 @@ def _quant_in_kernel() -> bool:
     """Whether the kernel quantises. Under the interpreter its fp32 -> fp8 cast drops a mantissa
     carry into the exponent (31.94 -> 16 in e4m3), so there torch quantises (the kernel's formula,
     :func:`quantize_indexer_k`) and the kernel stores the fp8 bytes and scales, its slot handling,
-    masking and layout unchanged. Compiled backends quantise in the kernel."""
-    return not _device.is_interpreter()
+    masking and layout unchanged. Compiled backends quantise in the kernel, and so does the
+    interpreter with ``device.intel_gpu()`` (the kernel's ``INTEL_GPU``: integer encoding, exact
+    there)."""
+    return not _device.is_interpreter() or _device.intel_gpu()
 
 
 def quantize_indexer_k(k: torch.Tensor, quant_block_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +249,7 @@ def indexer_k_quant_and_cache(
         return
     groups = head_dim // qbs
     ue8m0 = scale_fmt == "ue8m0"
+    intel = _device.intel_gpu()
     quant = _quant_in_kernel()
     k8, scales = (k, k) if quant else quantize_indexer_k(k[:num_tokens], qbs, ue8m0)
     block_q = next_power_of_2(qbs)
@@ -251,7 +258,7 @@ def indexer_k_quant_and_cache(
         _indexer_k_quant_and_cache_kernel[(cdiv(num_tokens, block_t), groups)](
             k, k8, scales, cache.view(torch.float8_e4m3fn), cache, slot_mapping,
             num_tokens, num_blocks * block_size, block_size, k.stride(0), k8.stride(0), cache.stride(0), head_dim,
-            qbs, groups, BLOCK_T=block_t, BLOCK_Q=block_q, QUANT=quant, UE8M0=ue8m0, num_warps=4,
+            qbs, groups, BLOCK_T=block_t, BLOCK_Q=block_q, QUANT=quant, UE8M0=ue8m0, INTEL_GPU=intel, num_warps=4,
         )
 
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, next_power_of_2
+from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, fp8_cast, next_power_of_2
 
 #: kv_cache_dtype strings vLLM passes -> the fp8 format they name ("auto": none)
 _FP8_FORMATS = {
@@ -34,16 +34,17 @@ _MAX_BLOCK_D = 256  # widest column chunk; wider rows loop over chunks
 
 @triton.jit
 def _store_rows(src_ptr, stride_src_t, t, dst_ptr, dst_row, ok, width, scale,
-                BLOCK_D: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+                BLOCK_D: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr, INTEL_GPU: tl.constexpr):
     """``dst[dst_row[i] + d] = src[t[i] * stride_src_t + d]`` for ``d < width`` on rows ``ok``
-    (quantised as ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` when ``QUANT``); other rows untouched."""
+    (quantised as ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` when ``QUANT``, converted by
+    ``fp8_cast``: e4m3 in integer arithmetic with ``INTEL_GPU``); other rows untouched."""
     for d0 in range(0, width, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         mask = ok[:, None] & (d[None, :] < width)
         x = tl.load(src_ptr + t[:, None] * stride_src_t + d[None, :], mask=mask, other=0.0)
         if QUANT:
             x = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -FP8_MAX), FP8_MAX)
-        tl.store(dst_ptr + dst_row[:, None] + d[None, :], x.to(dst_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst_ptr + dst_row[:, None] + d[None, :], fp8_cast(x, dst_ptr, INTEL_GPU), mask=mask)
 
 
 @triton.jit

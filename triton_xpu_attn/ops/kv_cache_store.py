@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, register_xpu_compile
+from .._common import FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, fp8_cast, register_xpu_compile
 from .kv_cache import (
     _TILE_ELEMENTS,
     _cache_view,
@@ -35,8 +35,10 @@ def _reshape_and_cache_flash_kernel(
     stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
     head_dim, v_head_dim,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+    INTEL_GPU: tl.constexpr = False,
 ):
-    """Program (token tile, kv head): key/value rows of BLOCK_T tokens into their cache slots."""
+    """Program (token tile, kv head): key/value rows of BLOCK_T tokens into their cache slots.
+    ``INTEL_GPU``: e4m3 encoded in integer arithmetic (``fp8_cast``; the launcher sets it on XPU)."""
     h = tl.program_id(1).to(tl.int64)
     t, ok, blk, off = _token_slots(slot_ptr, num_tokens, num_slots, block_size, BLOCK_T)
     k_row = blk * stride_kc_b + off * stride_kc_s
@@ -47,9 +49,9 @@ def _reshape_and_cache_flash_kernel(
         k_scale = tl.load(k_scale_ptr).to(tl.float32)
         v_scale = tl.load(v_scale_ptr).to(tl.float32)
     _store_rows(key_ptr + h * stride_k_h, stride_k_t, t, key_cache_ptr, k_row + h * stride_kc_h, ok, head_dim,
-                k_scale, BLOCK_D, QUANT, FP8_MAX)
+                k_scale, BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
     _store_rows(value_ptr + h * stride_v_h, stride_v_t, t, value_cache_ptr, v_row + h * stride_vc_h, ok, v_head_dim,
-                v_scale, BLOCK_D, QUANT, FP8_MAX)
+                v_scale, BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
 
 
 @triton.jit
@@ -58,15 +60,17 @@ def _concat_and_cache_mla_kernel(
     num_tokens, num_slots, block_size, stride_c_t, stride_pe_t, stride_cache_b, stride_cache_s,
     rank, pe_dim,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+    INTEL_GPU: tl.constexpr = False,
 ):
-    """Program (token tile): ``[kv_c | k_pe]`` rows of BLOCK_T tokens into their cache slots."""
+    """Program (token tile): ``[kv_c | k_pe]`` rows of BLOCK_T tokens into their cache slots
+    (``INTEL_GPU``: as in ``_reshape_and_cache_flash_kernel``)."""
     t, ok, blk, off = _token_slots(slot_ptr, num_tokens, num_slots, block_size, BLOCK_T)
     row = blk * stride_cache_b + off * stride_cache_s
     scale = 1.0
     if QUANT:
         scale = tl.load(scale_ptr).to(tl.float32)
-    _store_rows(kv_c_ptr, stride_c_t, t, cache_ptr, row, ok, rank, scale, BLOCK_D, QUANT, FP8_MAX)
-    _store_rows(k_pe_ptr, stride_pe_t, t, cache_ptr, row + rank, ok, pe_dim, scale, BLOCK_D, QUANT, FP8_MAX)
+    _store_rows(kv_c_ptr, stride_c_t, t, cache_ptr, row, ok, rank, scale, BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
+    _store_rows(k_pe_ptr, stride_pe_t, t, cache_ptr, row + rank, ok, pe_dim, scale, BLOCK_D, QUANT, FP8_MAX, INTEL_GPU)
 
 
 @triton.jit
@@ -77,10 +81,11 @@ def _reshape_and_cache_kernel(
     stride_kc_b, stride_kc_h, stride_kc_x, stride_kc_s, stride_vc_b, stride_vc_h, stride_vc_d, stride_vc_s,
     head_dim,
     X: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+    INTEL_GPU: tl.constexpr = False,
 ):
     """Program (token tile, kv head): vLLM's paged-attention layout, element ``d`` of token ``t``'s
     key at ``key_cache[blk, h, d // X, off, d % X]`` and of its value at
-    ``value_cache[blk, h, d, off]``."""
+    ``value_cache[blk, h, d, off]`` (``INTEL_GPU``: as in ``_reshape_and_cache_flash_kernel``)."""
     h = tl.program_id(1).to(tl.int64)
     t, ok, blk, off = _token_slots(slot_ptr, num_tokens, num_slots, block_size, BLOCK_T)
     k_row = blk * stride_kc_b + h * stride_kc_h + off * stride_kc_s
@@ -98,14 +103,14 @@ def _reshape_and_cache_kernel(
         if QUANT:
             k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
         k_col = (d // X) * stride_kc_x + d % X
-        tl.store(key_cache_ptr + k_row[:, None] + k_col[None, :], k.to(key_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(key_cache_ptr + k_row[:, None] + k_col[None, :], fp8_cast(k, key_cache_ptr, INTEL_GPU), mask=mask)
     for d0 in range(0, head_dim, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         mask = ok[:, None] & (d[None, :] < head_dim)
         v = tl.load(value_ptr + t[:, None] * stride_v_t + h * stride_v_h + d[None, :], mask=mask, other=0.0)
         if QUANT:
             v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
-        tl.store(value_cache_ptr + v_row[:, None] + d[None, :] * stride_vc_d, v.to(value_cache_ptr.dtype.element_ty),
+        tl.store(value_cache_ptr + v_row[:, None] + d[None, :] * stride_vc_d, fp8_cast(v, value_cache_ptr, INTEL_GPU),
                  mask=mask)
 
 
@@ -118,20 +123,20 @@ def _register_compile_variants() -> None:
     )
     register_xpu_compile(_reshape_and_cache_flash_kernel, "bf16,D128", dict(
         flash, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
-        BLOCK_T=8, BLOCK_D=128, QUANT=False, FP8_MAX=0.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=False, FP8_MAX=0.0, INTEL_GPU=True), num_warps=4)
     register_xpu_compile(_reshape_and_cache_flash_kernel, "bf16->fp8e4m3,D128", dict(
         flash, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*fp8e4nv", value_cache_ptr="*fp8e4nv",
-        BLOCK_T=8, BLOCK_D=128, QUANT=True, FP8_MAX=448.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=True, FP8_MAX=448.0, INTEL_GPU=True), num_warps=4)
     mla = dict(
         slot_ptr="*i64", scale_ptr="*fp32", num_tokens="i32", num_slots="i64", block_size="i32", stride_c_t="i64",
         stride_pe_t="i64", stride_cache_b="i64", stride_cache_s="i64", rank="i32", pe_dim="i32",
     )
     register_xpu_compile(_concat_and_cache_mla_kernel, "bf16,R512,Dr64", dict(
         mla, kv_c_ptr="*bf16", k_pe_ptr="*bf16", cache_ptr="*bf16", BLOCK_T=8, BLOCK_D=256, QUANT=False,
-        FP8_MAX=0.0), num_warps=4)
+        FP8_MAX=0.0, INTEL_GPU=True), num_warps=4)
     register_xpu_compile(_concat_and_cache_mla_kernel, "bf16->fp8e4m3,R512,Dr64", dict(
         mla, kv_c_ptr="*bf16", k_pe_ptr="*bf16", cache_ptr="*fp8e4nv", BLOCK_T=8, BLOCK_D=256, QUANT=True,
-        FP8_MAX=448.0), num_warps=4)
+        FP8_MAX=448.0, INTEL_GPU=True), num_warps=4)
     paged = dict(
         slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32", num_tokens="i32", num_slots="i64",
         block_size="i32", stride_k_t="i64", stride_k_h="i32", stride_v_t="i64", stride_v_h="i32",
@@ -140,10 +145,10 @@ def _register_compile_variants() -> None:
     )
     register_xpu_compile(_reshape_and_cache_kernel, "bf16,D128,x8", dict(
         paged, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16", X=8,
-        BLOCK_T=8, BLOCK_D=128, QUANT=False, FP8_MAX=0.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=False, FP8_MAX=0.0, INTEL_GPU=True), num_warps=4)
     register_xpu_compile(_reshape_and_cache_kernel, "bf16->fp8e4m3,D128,x16", dict(
         paged, key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*fp8e4nv", value_cache_ptr="*fp8e4nv", X=16,
-        BLOCK_T=8, BLOCK_D=128, QUANT=True, FP8_MAX=448.0), num_warps=4)
+        BLOCK_T=8, BLOCK_D=128, QUANT=True, FP8_MAX=448.0, INTEL_GPU=True), num_warps=4)
 
 
 _register_compile_variants()
@@ -162,16 +167,17 @@ def _kv_store_checks(key, value, key_cache, value_cache, slot_mapping, fmt, k_sc
     return num_tokens, k_scale, v_scale, device
 
 
-def _store_mode(fmt, inputs, scales, num_tokens: int):
+def _store_mode(fmt, inputs, scales, num_tokens: int, intel_gpu: bool):
     """``(inputs, QUANT, FP8_MAX)`` of a cache store. Under the interpreter an fp8 store is not the
     kernel's: the interpreter's fp32 -> fp8 cast drops a mantissa carry into the exponent (31.94 ->
     16 in e4m3), so there torch quantises the inputs (the kernel's formula: ``clamp(x / scale)`` in
     fp32, then the cast) and the kernel copies fp8 bytes, its slot handling, masking and strides
-    unchanged. Compiled backends quantise in the kernel."""
+    unchanged. Compiled backends quantise in the kernel, and so does the interpreter for e4m3 with
+    ``intel_gpu`` (the kernel's ``INTEL_GPU``: e4m3 encoded in integer arithmetic, exact there)."""
     if fmt is None:
         return inputs, False, 0.0
     fp8_max = torch.finfo(fmt).max
-    if not _device.is_interpreter():
+    if not _device.is_interpreter() or (intel_gpu and fmt == torch.float8_e4m3fn):
         return inputs, True, float(fp8_max)
     return tuple((x[:num_tokens].float() / s.reshape(()).float()).clamp(-fp8_max, fp8_max).to(fmt)
                  for x, s in zip(inputs, scales)), False, 0.0
@@ -232,7 +238,8 @@ def reshape_and_cache_flash(
                                                             k_scale, v_scale)
     if num_tokens == 0 or heads == 0 or num_blocks * block_size == 0:
         return
-    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
+    intel = _device.intel_gpu()
+    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens, intel)
     # half the tile of the MLA ops: 16 x 128 fp8 stores spill 1.7 KB on BMG at 128 GRF, 8 x 128 none
     block_t, block_d = _token_tile(max(head_dim, v_head_dim), _TILE_ELEMENTS // 2)
     with device_guard(device):  # the scales are not read unless QUANT (slot_mapping stands in)
@@ -242,7 +249,8 @@ def reshape_and_cache_flash(
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-            head_dim, v_head_dim, BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, num_warps=4,
+            head_dim, v_head_dim, BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, INTEL_GPU=intel,
+            num_warps=4,
         )
 
 
@@ -291,14 +299,16 @@ def concat_and_cache_mla(
     device = check_same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, scale=scale)
     if num_tokens == 0 or num_blocks * block_size == 0 or rank + pe_dim == 0:
         return
-    (kv_c, k_pe), quant, fp8_max = _store_mode(fmt, (kv_c, k_pe), (scale, scale), num_tokens)
+    intel = _device.intel_gpu()
+    (kv_c, k_pe), quant, fp8_max = _store_mode(fmt, (kv_c, k_pe), (scale, scale), num_tokens, intel)
     block_t, block_d = _token_tile(max(rank, pe_dim))
     with device_guard(device):
         _concat_and_cache_mla_kernel[(cdiv(num_tokens, block_t),)](
             kv_c, k_pe, kv_cache, slot_mapping, scale if quant else slot_mapping,
             num_tokens, num_blocks * block_size, block_size, kv_c.stride(0), k_pe.stride(0),
             kv_cache.stride(0), kv_cache.stride(1), rank, pe_dim,
-            BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, num_warps=4,
+            BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, INTEL_GPU=intel,
+            num_warps=4,
         )
 
 
@@ -359,7 +369,8 @@ def reshape_and_cache(
                                                             k_scale, v_scale)
     if num_tokens == 0 or heads == 0 or head_dim == 0 or num_blocks * block_size == 0:
         return
-    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
+    intel = _device.intel_gpu()
+    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens, intel)
     block_t, block_d = _token_tile(head_dim, _TILE_ELEMENTS // 2)
     with device_guard(device):  # the scales are not read unless QUANT (slot_mapping stands in)
         _reshape_and_cache_kernel[(cdiv(num_tokens, block_t), heads)](
@@ -369,5 +380,6 @@ def reshape_and_cache(
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), key_cache.stride(3),
             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), value_cache.stride(3),
-            head_dim, X=x, BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, num_warps=4,
+            head_dim, X=x, BLOCK_T=block_t, BLOCK_D=block_d, QUANT=quant, FP8_MAX=fp8_max, INTEL_GPU=intel,
+            num_warps=4,
         )

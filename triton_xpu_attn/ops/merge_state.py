@@ -9,7 +9,7 @@ import triton.language as tl
 
 from .. import device as _device
 from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_int, check_same_device, check_tensor, device_guard,
-                       gdc_wait, interpreter_float32, next_power_of_2, register_xpu_compile)
+                       fp8_cast, gdc_wait, interpreter_float32, next_power_of_2, register_xpu_compile)
 
 
 @triton.jit
@@ -137,6 +137,7 @@ def _merge_state_kernel(
     WRITE_LSE: tl.constexpr = True,
     HAS_OUT_SCALE: tl.constexpr = False,
     OUT_MAX: tl.constexpr = 0.0,  # the output dtype's largest finite value (HAS_OUT_SCALE: fp8 saturates)
+    INTEL_GPU: tl.constexpr = False,  # an e4m3 output encoded in integer arithmetic (fp8_cast; set on XPU)
 ):
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -170,7 +171,7 @@ def _merge_state_kernel(
         v = tl.where(tail, v_b, v)  # as given, NaN included
     if HAS_OUT_SCALE:
         v = tl.minimum(tl.maximum(v / tl.load(out_scale_ptr), -OUT_MAX), OUT_MAX)
-    tl.store(v_out_ptr + n * stride_vo_n + h * stride_vo_h + d, v.to(v_out_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_out_ptr + n * stride_vo_n + h * stride_vo_h + d, fp8_cast(v, v_out_ptr, INTEL_GPU), mask=mask)
     if WRITE_LSE:
         tl.store(s_out_ptr + n * stride_so_n + h * stride_so_h, merged)
 
@@ -187,18 +188,16 @@ register_xpu_compile(
     ),
     num_warps=8,  # as XPU launches a 64 x 64 tile (combine_tiling)
 )
-register_xpu_compile(
-    _merge_state_kernel,
-    "bf16,D128",
-    dict(
-        v_a_ptr="*bf16", s_a_ptr="*fp32", v_b_ptr="*bf16", s_b_ptr="*fp32", v_out_ptr="*bf16", s_out_ptr="*fp32",
-        num_heads="i32", head_dim="i32", stride_va_n="i64", stride_va_h="i32", stride_vb_n="i64", stride_vb_h="i32",
-        stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32", stride_so_n="i32", stride_so_h="i32",
-        merge_rows="i32", out_scale_ptr="*fp32", BLOCK_D=128,
-        BASE2=False, COPY_TAIL=True, WRITE_LSE=True, HAS_OUT_SCALE=False, OUT_MAX=0.0,
-    ),
-    num_warps=4,
+_MERGE_STATE_ARGS = dict(
+    v_a_ptr="*bf16", s_a_ptr="*fp32", v_b_ptr="*bf16", s_b_ptr="*fp32", v_out_ptr="*bf16", s_out_ptr="*fp32",
+    num_heads="i32", head_dim="i32", stride_va_n="i64", stride_va_h="i32", stride_vb_n="i64", stride_vb_h="i32",
+    stride_vo_n="i64", stride_vo_h="i32", stride_sa_n="i32", stride_sa_h="i32", stride_sb_n="i32", stride_sb_h="i32",
+    stride_so_n="i32", stride_so_h="i32", merge_rows="i32", out_scale_ptr="*fp32", BLOCK_D=128,
+    BASE2=False, COPY_TAIL=True, WRITE_LSE=True, HAS_OUT_SCALE=False, OUT_MAX=0.0, INTEL_GPU=True,
 )
+register_xpu_compile(_merge_state_kernel, "bf16,D128", _MERGE_STATE_ARGS, num_warps=4)
+register_xpu_compile(_merge_state_kernel, "bf16->fp8e4m3,D128,output_scale",
+                     dict(_MERGE_STATE_ARGS, v_out_ptr="*fp8e4nv", HAS_OUT_SCALE=True, OUT_MAX=448.0), num_warps=4)
 
 
 def combine_splits(
@@ -445,14 +444,16 @@ def merge_attn_states(
     dest = output
     # under the interpreter bf16 runs in fp32 (interpreter_float32) and an fp8 output goes through
     # an fp32 stand-in cast by torch: the interpreter's fp32 -> fp8 cast drops a mantissa carry
-    # into the exponent (31.94 -> 16 in e4m3); compiled backends store fp8 directly
+    # into the exponent (31.94 -> 16 in e4m3); compiled backends store fp8 directly, and so does the
+    # interpreter for e4m3 with INTEL_GPU (integer encoding, exact there)
+    intel = _device.intel_gpu()
     prefix_output, suffix_output, output = interpreter_float32(prefix_output, suffix_output, output)
-    if _device.is_interpreter() and output.element_size() == 1:
+    if _device.is_interpreter() and output.element_size() == 1 and not (intel and output.dtype == torch.float8_e4m3fn):
         output = torch.empty(output.shape, dtype=torch.float32, device=device)
     # the LSEs are [H, T]: their transposes are the (token, head) views the kernel reads
     _launch_merge(device, prefix_output, prefix_lse.T, suffix_output, suffix_lse.T, output, lse_out.T, merge_rows,
                   output_scale if output_scale is not None else prefix_lse,
                   COPY_TAIL=merge_rows < t, WRITE_LSE=output_lse is not None, HAS_OUT_SCALE=output_scale is not None,
-                  OUT_MAX=float(torch.finfo(dest.dtype).max))
+                  OUT_MAX=float(torch.finfo(dest.dtype).max), INTEL_GPU=intel)
     if output is not dest:
         dest.copy_(output)
