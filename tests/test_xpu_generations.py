@@ -238,6 +238,22 @@ def test_launch_options_in_the_generations_spelling(generation, monkeypatch):
     assert mla.launch_constexprs(mla_cfg, 64)[sub_group] == 16
 
 
+@pytest.mark.parametrize("warps, columns, expected", [(4, 0, 4), (4, 256, 4), (4, 512, 8), (2, 256, 4), (8, 64, 8),
+                                                      (1, 65, 2), (16, 512, 16)])
+def test_fp32_dots_get_warps_that_cover_their_columns_on_xpu(generation, warps, columns, expected):
+    """An fp32 dot (Intel's FMA path) whose accumulator would repeat along N (N above 64 x warps) is
+    computed wrongly by triton-xpu 3.3 (docs/xpu.md, "fp32 dots"): on XPU ``tune.launch_options``
+    raises the warps to cover the widest fp32 dot; a launch without fp32 dots keeps its warps, and
+    so does every launch elsewhere (MLA's options go through the same place)."""
+    assert tune.launch_options({"num_warps": warps}, fp32_dot_columns=columns)["num_warps"] == expected
+    assert mla.launch_constexprs({"num_warps": warps}, 0, fp32_dot_columns=columns)["num_warps"] == expected
+
+
+def test_fp32_dot_columns_change_nothing_off_xpu(monkeypatch):
+    monkeypatch.setattr(_device, "backend", lambda: "cuda")
+    assert tune.launch_options({"num_warps": 4}, fp32_dot_columns=512) == {"num_warps": 4}
+
+
 def test_launch_options_warn_when_the_backend_lacks_one(monkeypatch):
     """An options class without a sub-group size or ``grf_mode`` field: the launch goes without
     it, with a warning (Intel's ``parse_options`` would drop it without one)."""

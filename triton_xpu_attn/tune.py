@@ -254,13 +254,26 @@ def work_bucket(programs: int, compute_units: int) -> int:
     return pow2_bucket(-(-4 * programs // max(compute_units, 1)), 1, 32)
 
 
-def launch_options(config: dict) -> dict:
+#: columns of an fp32 dot's accumulator one warp covers on Intel's FMA path (4 a work-item x 16
+#: lanes): triton-xpu 3.3 computes an fp32 ``tl.dot`` (``input_precision="ieee"``, no DPAS) wrongly
+#: when its accumulator repeats along N, i.e. N above 64 x warps (docs/xpu.md, "fp32 dots")
+XPU_FP32_DOT_COLUMNS_PER_WARP = 64
+
+
+def launch_options(config: dict, fp32_dot_columns: int = 0) -> dict:
     """Keyword options for a kernel launch from a config: ``num_warps``/``num_stages`` everywhere,
     ``maxnreg`` only on CUDA (a register cap per thread: it keeps a tile on the occupancy step where
     ptxas would take a few registers more, bench/residency.py); on XPU the options of
     :func:`xpu_launch_options` (sub-group size, ``grf_mode``), spelled for the installed Intel
-    Triton (other backends reject them). The one place that spells launch options."""
+    Triton (other backends reject them). The one place that spells launch options.
+
+    ``fp32_dot_columns``: the widest N of the kernel's fp32 dots (0: it has none). On XPU the warps
+    are raised to cover it (:data:`XPU_FP32_DOT_COLUMNS_PER_WARP`), so no accumulator repeats
+    along N, which triton-xpu's FMA lowering gets wrong."""
     if _device.backend() == "xpu":
+        if fp32_dot_columns > 0:
+            needed = -(-int(fp32_dot_columns) // XPU_FP32_DOT_COLUMNS_PER_WARP)
+            config = dict(config, num_warps=max(int(config.get("num_warps", 4)), needed))
         return xpu_launch_options(config)
     opts = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
     if _device.backend() == "cuda" and config.get("maxnreg"):

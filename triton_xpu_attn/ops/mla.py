@@ -557,13 +557,15 @@ def latent_device_desc(cache: torch.Tensor, R: int, q_nope: torch.Tensor | None 
     return q_nope is None or _rows_aligned(q_nope, q_strides)
 
 
-def launch_constexprs(config: dict, chunk: int, device_desc: bool = False, device=None) -> dict:
+def launch_constexprs(config: dict, chunk: int, device_desc: bool = False, device=None,
+                      fp32_dot_columns: int = 0) -> dict:
     """The config's launch options and the latent loads (``LATENT_CHUNK``, ``LATENT_DESC``): one
     stage with 2D latent tiles on XPU (triton-xpu 3.3's pipeliner asserts on block pointers
     whose address comes from a page id) and with descriptors made in the loop anywhere (Triton
     3.6's pipeliner cannot predicate them); descriptors made on the device get a global-scratch
-    allocator (CUDA) where the caller set none."""
-    options = tune.launch_options(config)
+    allocator (CUDA) where the caller set none. ``fp32_dot_columns``: the widest N of an fp32
+    launch's dots (``tune.launch_options``)."""
+    options = tune.launch_options(config, fp32_dot_columns)
     desc = bool(chunk) and device_desc
     if chunk and (_device.backend() == "xpu" or desc):
         options["num_stages"] = 1

@@ -410,7 +410,8 @@ def flash_mla_decode(
                 RAGGED=False, CAUSAL=True,
                 KV_DESC=latent_descs[0] is not None,
                 LAUNCH_DEPENDENTS=_device.programmatic_launch(device),
-                **launch_constexprs(config, chunk, latent_desc, device),
+                **launch_constexprs(config, chunk, latent_desc, device,
+                                   max(block_n, block_dv or block_r) if q_nope.dtype == torch.float32 else 0),
             )
         if splits > 1:
             combine_splits(target, target_lse, out_n, lse_n, compute_units=compute_units, after_partials_kernel=True)

@@ -313,7 +313,8 @@ def flash_mla_prefill(
             DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
             RAGGED=True, CAUSAL=causal,
             KV_DESC=latent_descs[0] is not None,
-            **launch_constexprs(config, chunk, latent_desc, device),
+            **launch_constexprs(config, chunk, latent_desc, device,
+                                   max(block_n, block_dv or block_r) if q_nope.dtype == torch.float32 else 0),
         )
     if out is not dest:
         dest.copy_(out)

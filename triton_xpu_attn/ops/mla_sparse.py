@@ -560,5 +560,6 @@ def launch_sparse(tiles: dict, *, grid, device, q, q_strides, kv, kv_strides, pa
             FP8_CVT=layout != LAYOUT_PLAIN and _device.cuda_fp8(device),
             LAUNCH_DEPENDENTS=split and _device.programmatic_launch(device),
             PREFETCH_ENTRIES=0 < prefetch_from <= walk_tiles,
-            **tune.launch_options(tiles["config"]),
+            **tune.launch_options(tiles["config"], fp32_dot_columns=max(tiles["BLOCK_N"], tiles["BLOCK_DV"] or tiles["d_v"])
+                                  if q.dtype == torch.float32 else 0),
         )

@@ -309,7 +309,7 @@ def _launch(q, k, v, *, device, batch, page_table, kv_lens, cu_seqlens_k, max_kv
         # 16-token-page prefill tiles with it (0 without)
         SCALE_IN_EXP=softcap <= 0 and k_scale is None and scale > 0 and _device.backend() != "xpu",
         HAS_ALIBI=alibi is not None,
-        **tune.launch_options(config),
+        **tune.launch_options(config, fp32_dot_columns=max(config["BLOCK_N"], block_dv) if q.dtype == torch.float32 else 0),
         **({"D_TAIL": d_tail} if d_tail else {}),
     )
     if (kv_load == 2 and _device.backend() == "xpu") or kv_load == 3:
