@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import DEVICE, INTERPRET  # noqa: F401
+from conftest import DEVICE, INTERPRET, SMALL  # noqa: F401
 from triton_xpu_attn import device as _device
 from triton_xpu_attn import reference as ref
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import DEVICE, INTERPRET, assert_close, capture_graph
+from helpers import DEVICE, INTERPRET, SMALL, assert_close, capture_graph
 from triton_xpu_attn import custom_ops as C
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import (
@@ -38,7 +38,7 @@ from triton_xpu_attn import (
 #: dtype of the attention cases: the interpreter's bf16 arithmetic is wrong upstream
 ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 #: MLA widths (R, Dr): tiny under the interpreter, DeepSeek's on a GPU
-MLA_R, MLA_DR = (32, 16) if INTERPRET else (512, 64)
+MLA_R, MLA_DR = (32, 16) if SMALL else (512, 64)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, SMALL, assert_close
 from triton_xpu_attn import flash_mla_decode, flash_mla_get_workspace_size
 from triton_xpu_attn import reference as ref
 from triton_xpu_attn import tune
@@ -14,7 +14,7 @@ from triton_xpu_attn.ops import mla_decode as mla_mod
 
 PAGE_SIZES = [2**i for i in range(12)]  # 1 to 2048
 # (R, Dr): tiny latent widths under the interpreter (one not a power of two); DeepSeek's on GPUs
-SHAPES = [(32, 16), (24, 8)] if INTERPRET else [(512, 64), (256, 32), (32, 16)]
+SHAPES = [(32, 16), (24, 8)] if SMALL else [(512, 64), (256, 32), (32, 16)]
 FP8 = getattr(torch, "float8_e4m3fn", None)
 # kernel configs the property test draws from (None = the launcher's own choice)
 CONFIGS = [
@@ -133,7 +133,7 @@ def test_mla_decode_matches_reference(batch, q_len, heads, shape, page_size, dty
                                       combined, config, data):
     R, Dr = shape
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    max_len = data.draw(st.integers(1, 40 if INTERPRET else 3000))
+    max_len = data.draw(st.integers(1, 40 if SMALL else 3000))
     case = _make_case(gen, batch, q_len, heads, R, Dr, page_size, max_len, dtype, None, strided, four_d_cache)
     _run_and_check(*case, dtype, splits, sm_scale=(R + Dr) ** -0.5 * 2, combined=combined, config=config)
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, assert_close
+from helpers import DEVICE, FLOAT_DTYPES, INTERPRET, SMALL, assert_close
 from triton_xpu_attn import (
     flash_mla_decode_get_workspace_size,
     flash_mla_get_workspace_size,
@@ -21,7 +21,7 @@ from triton_xpu_attn import tune
 
 PAGE_SIZES = [2**i for i in range(12)]  # 1 to 2048
 # (R, Dr): tiny latent widths under the interpreter (one not a power of two); DeepSeek's on GPUs
-SHAPES = [(32, 16), (24, 8)] if INTERPRET else [(512, 64), (256, 32), (32, 16)]
+SHAPES = [(32, 16), (24, 8)] if SMALL else [(512, 64), (256, 32), (32, 16)]
 FP8 = getattr(torch, "float8_e4m3fn", None)
 # kernel configs the property test draws from (None = the launcher's own choice)
 CONFIGS = [

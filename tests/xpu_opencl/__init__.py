@@ -1,0 +1,1 @@
+"""Intel SPIR-V on the OpenCL CPU device: driver, builtin emulation, harness."""
