@@ -54,9 +54,9 @@ def allowance(kernel: str, constexprs: dict, signature: dict, dpas: int) -> int 
 def registered_variants_run(records: list[dict]) -> list[tuple]:
     """(variant label, target, the first test whose launch matched it or "") for every registered
     compile variant (``_common.COMPILE_VARIANTS``) and target recorded: a launch matches when it is
-    of the variant's kernel with every registered constexpr equal (named modes, tiles, flags) and
-    every pointer of the variant's element type. Tiles the launchers choose differ from the
-    registered ones, so a variant can be unmatched while its kernel ran."""
+    of the variant's kernel, with the variant's tile and modes (its constexprs among ``SHOWN``) and
+    the element type of its first pointer (the data it reads); flags such as sinks or a top-k
+    length, and the placeholder tensors of unused pointers, may differ."""
     import importlib
     import pkgutil
 
@@ -73,18 +73,28 @@ def registered_variants_run(records: list[dict]) -> list[tuple]:
         mine = [r for r in records if r["target"] == target]
         for v in COMPILE_VARIANTS:
             kernel = getattr(getattr(v.kernel, "fn", v.kernel), "__name__", "")
+            tile = {k: val for k, val in v.constexprs.items() if k in SHOWN}
+            first = next((k for k, ty in v.signature.items() if str(ty).startswith("*")), None)
             hit = ""
             for r in mine:
-                if r["kernel"] != kernel:
+                if r["kernel"] != kernel or (first and r["signature"].get(first) != v.signature[first]):
                     continue
                 consts = {k: _value(x) for k, x in r["constexprs"].items()}
-                same = all(consts.get(k, object()) == val for k, val in v.constexprs.items())
-                ptrs = all(r["signature"].get(k) == ty for k, ty in v.signature.items() if str(ty).startswith("*"))
-                if same and ptrs:
-                    hit = r.get("test") or "(a launch)"
+                if all(consts.get(k, object()) == val for k, val in tile.items()):
+                    hit = r.get("test") or "(a serving-size launch, compiled only)"
                     break
             rows.append((v.label, target, hit))
     return rows
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() or "?"
+    except OSError:
+        return "?"
 
 
 def main(argv=None) -> int:
@@ -108,13 +118,17 @@ def main(argv=None) -> int:
         first, rebuilt = xpu_native.launched(ocloc, spv_path.read_bytes(), info["target"], info["build_flags"])
         return info, first, rebuilt or first
 
-    rows, failed, records = [], 0, []
+    rows, failed, records, broken = [], 0, [], []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for spv_path, fut in [(p, pool.submit(build, p)) for p in modules]:
             try:
                 info, first, final = fut.result()
             except Exception as e:  # noqa: BLE001
                 failed += 1
+                why = next((line for line in str(e).splitlines() if "Error" in line), str(e).splitlines()[0])
+                info = json.loads(spv_path.with_suffix(".json").read_text())
+                shown = ", ".join(f"{k}={_value(info['constexprs'][k])}" for k in SHOWN if k in info["constexprs"])
+                broken.append((info["kernel"], info["target"], shown, info["num_warps"], why.strip()[:160]))
                 print(f"{spv_path.name}: native build failed: {type(e).__name__}: {str(e)[-400:]}", flush=True)
                 continue
             records.append(info)
@@ -134,7 +148,7 @@ def main(argv=None) -> int:
         lines = [
             "# XPU native code of the kernels the OpenCL stage launched",
             "",
-            f"Written by `.ci/xpu_launched_native.py` ({time.strftime('%Y-%m-%d')}): the SPIR-V modules triton-xpu "
+            f"Written by `.ci/xpu_launched_native.py` ({time.strftime('%Y-%m-%d')}, commit {_commit()}): the SPIR-V modules triton-xpu "
             "compiled for the launches of the OpenCL test stage (`.ci/run`, `tests/xpu_opencl/`), specialised as those "
             f"launches specialised them, built to native code with Intel's `ocloc` ({ocloc.version().splitlines()[0]}). "
             "Compiler facts on a CPU-only machine, not speeds.",
@@ -149,12 +163,17 @@ def main(argv=None) -> int:
             lines.append(f"| `{kernel}` | {target} | {shown or '-'} | {warps} | {n.grf} | {spill} | {n.block2d_loads} | "
                          f"{n.block2d_stores} | {n.dpas} | {n.gathers} | {slm} | {n.instructions} | {gate} |")
         lines += ["", f"{len(rows)} modules in {seconds:.0f} s; {sum(r[-1] != 'ok' for r in rows)} over the allowance.", ""]
+        if broken:
+            lines += ["## Modules Intel's compiler did not build", "",
+                      "| kernel | target | constexprs | warps | ocloc |", "|---|---|---|---|---|"]
+            lines += [f"| `{k}` | {t} | {c or '-'} | {w} | {why} |" for k, t, c, w, why in sorted(set(broken))]
+            lines.append("")
         coverage = registered_variants_run(records)
         ran = sum(1 for *_, hit in coverage if hit)
         lines += ["## Registered variants the launches ran", "",
-                  f"{ran} of {len(coverage)} (variant, target) pairs were launched with the registered constexprs and "
-                  "pointer types by a test of the stage (first such test named); the others ran in other tiles or not "
-                  "at all.", "", "| variant | target | ran in |", "|---|---|---|"]
+                  f"{ran} of {len(coverage)} (variant, target) pairs had a launch of their kernel with their tile and "
+                  "modes and the element type of their data (`registered_variants_run`), the first such launch named; "
+                  "the others ran in other tiles or not at all.", "", "| variant | target | ran in |", "|---|---|---|"]
         lines += [f"| `{label.replace('|', ',')}` | {target} | {hit or '-'} |" for label, target, hit in coverage]
         lines.append("")
         pathlib.Path(args.table).write_text("\n".join(lines))

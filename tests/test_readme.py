@@ -49,7 +49,8 @@ def test_readme_is_short():
 def test_status_comes_first_and_says_xpu_never_ran():
     status = _section(README, "Status")
     assert README.index("\n## Status\n") < README.index("\n## Install\n"), "the status table is the first section"
-    assert "never run on an Intel GPU: XPU is proven by compilation only (triton-xpu 3.3.0b1 + ocloc)" in status
+    intel = next(line for line in status.splitlines() if line.startswith("| Intel XPU"))
+    assert "never run on an Intel GPU" in intel and "OpenCL CPU device" in intel and "not timed" in intel
     rows = [line for line in status.splitlines() if line.startswith("| ") and not line.startswith("| backend")]
     for backend in ("Intel XPU", "NVIDIA H100", "NVIDIA H200", "CPU"):
         assert any(row.startswith(f"| {backend}") for row in rows), f"no status row for {backend}"

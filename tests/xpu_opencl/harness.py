@@ -90,17 +90,25 @@ def activate(target: str) -> None:
     _ACTIVE = target
 
 
-#: the tests that run on the OpenCL CPU device, one pytest node id a line (``#`` comments)
-SELECTED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "selected.txt")
+#: the tests that run on the OpenCL CPU device, one pytest node id a line (``#`` comments): CI's set,
+#: or the longer one with ``TRITON_XPU_ATTN_OPENCL_SET=full``
+SET_ENV = "TRITON_XPU_ATTN_OPENCL_SET"
+
+
+def selected_path() -> str:
+    name = {"": "selected.txt", "ci": "selected.txt", "full": "selected_full.txt"}.get(os.environ.get(SET_ENV, ""))
+    if name is None:
+        raise ValueError(f"{SET_ENV}={os.environ[SET_ENV]!r}: the sets are 'ci' (default) and 'full'")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
 
 
 def selected_ids() -> list[str]:
-    with open(SELECTED) as f:
+    with open(selected_path()) as f:
         return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
 
 
 def select(config, items) -> None:
-    """Keep the items ``selected.txt`` names (a node id, or a test's id without its parameters for
+    """Keep the items the selected set names (a node id, or a test's id without its parameters for
     all of them) and the emulation's own tests; ``pytest.UsageError`` naming every listed id that
     matches nothing collected, so a renamed test cannot leave the set silently."""
     import pytest
@@ -118,7 +126,7 @@ def select(config, items) -> None:
     whole_suite = all(os.path.abspath(a.split("::", 1)[0]) == tests_dir for a in config.args)
     missing = [w for w in wanted if w not in hit]
     if missing and whole_suite:  # a run of one file misses the others' ids by design
-        raise pytest.UsageError(f"{SELECTED} names tests that were not collected: {missing}")
+        raise pytest.UsageError(f"{selected_path()} names tests that were not collected: {missing}")
     deselected = [i for i in items if i not in keep]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
