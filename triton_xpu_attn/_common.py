@@ -339,19 +339,23 @@ else:
 
 @triton.jit
 def block_rows(base, stride_tok, width, rows, skip, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
-                TRANSPOSED: tl.constexpr):
+                TRANSPOSED: tl.constexpr, col=0):
     """Block pointer over ``BLOCK_ROWS`` cache rows of ``width`` elements whose row ``skip`` is at
     ``base``: rows ``skip .. skip + rows - 1`` of the block are the valid ones, the rest (and
     columns past ``width``) read as 0 through the boundary check, so a row no query may see is
     never loaded. ``TRANSPOSED``: the block is ``[BLOCK_W, BLOCK_ROWS]``, column-major (K^T), the
     form triton-xpu turns into transposed 2D block reads (rows loaded and transposed stay gathers);
     else ``[BLOCK_ROWS, BLOCK_W]`` row-major (V). The row pitch is a kernel argument: a pitch
-    computed in the kernel keeps triton-xpu on gathers (shared/notes/xpu_native.md)."""
+    computed in the kernel keeps triton-xpu on gathers (shared/notes/xpu_native.md). ``col``: the
+    block's first column, as an offset of the block pointer, not added to ``base``: triton-xpu
+    3.3 passes a base that is not 64-byte aligned to the 2D block read as it is, with the
+    misalignment also added to x and the width, so it counts twice where the low 6 bits of the
+    base are not ignored (BMG; intel-xpu-backend-for-triton #4304, fixed by #4335)."""
     if TRANSPOSED:
-        block = tl.make_block_ptr(base, shape=(width, rows), strides=(1, stride_tok), offsets=(0, -skip),
+        block = tl.make_block_ptr(base, shape=(width, rows), strides=(1, stride_tok), offsets=(col, -skip),
                                   block_shape=(BLOCK_W, BLOCK_ROWS), order=(0, 1))
     else:
-        block = tl.make_block_ptr(base, shape=(rows, width), strides=(stride_tok, 1), offsets=(-skip, 0),
+        block = tl.make_block_ptr(base, shape=(rows, width), strides=(stride_tok, 1), offsets=(-skip, col),
                                   block_shape=(BLOCK_ROWS, BLOCK_W), order=(1, 0))
     return block
 

@@ -96,8 +96,7 @@ def _chunk_keys(k_tile, stride_k_tok, head_dim, rows, skip, col, BLOCK_N: tl.con
     if KV_LOAD == 3:  # the tile's whole rows, read at column col (no descriptor of zero columns)
         k = tl.trans(rows_descriptor(k_tile, stride_k_tok, head_dim, rows, BLOCK_N, SCORE_CHUNK).load([-skip, col]))
     else:
-        k = tl.load(block_rows(k_tile + col, stride_k_tok, tl.maximum(head_dim - col, 0), rows, skip, BLOCK_N,
-                                SCORE_CHUNK, True),
+        k = tl.load(block_rows(k_tile, stride_k_tok, head_dim, rows, skip, BLOCK_N, SCORE_CHUNK, True, col),
                     boundary_check=(0, 1), padding_option="zero")
     return k
 
