@@ -206,9 +206,20 @@ def test_xpu_configs_choose_the_generations_load_path(generation, decode_like, h
     heads = paged_attention.query_heads_per_block(4, 1 if decode_like else None, cfg)
     assert heads == (16 if decode_like and in_page else (1 if head_dim > 128 and not decode_like else 4))
     unaligned = torch.zeros(k.numel() + 1)[1:].view(k.shape)  # base 4 bytes past a 16-byte boundary
-    if kv_load == 3:  # descriptor rows need 16-byte aligned bases and pitches: else block pointers or gathers
-        fallback = 2 if _device.block_pointers() else 0
-        assert paged_attention._kv_load(page_size, cfg, None, (unaligned, unaligned)) == fallback
+    if kv_load == 3:  # descriptor rows need 16-byte aligned bases and pitches; XPU block pointers 64: gathers
+        assert paged_attention._kv_load(page_size, cfg, None, (unaligned, unaligned)) == 0
+
+
+def test_block_pointer_tiles_need_64_byte_aligned_bases_on_xpu(generation):
+    """triton-xpu 3.3 reads a 2D block from a base off 64 bytes at the wrong columns (BMG), so on
+    XPU block-pointer K/V (``kv_block_ptr``) take only caches whose base and strides are 64-byte
+    aligned: a 16-bit head of 80 or 400 channels (160 / 800 bytes) or a base 32 bytes in gathers;
+    128 channels keep their 2D reads."""
+    cfg = dict(BLOCK_N=16, kv_block_ptr=True)
+    two_d = 2 if _device.block_pointers() else 0
+    for head_dim, offset, expected in ((128, 0, two_d), (64, 0, two_d), (80, 0, 0), (400, 0, 0), (128, 16, 0)):
+        k = torch.zeros(4 * 16 * 2 * head_dim + offset, dtype=torch.float16)[offset:].view(4, 16, 2, head_dim)
+        assert paged_attention._kv_load(16, cfg, None, (k, k)) == expected, (head_dim, offset)
 
 
 def test_launch_options_in_the_generations_spelling(generation, monkeypatch):

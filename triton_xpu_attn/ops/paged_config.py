@@ -203,7 +203,8 @@ def _kv_load(page_size: int, config: dict, kv_descriptors, caches=()) -> int:
     where the config asks for them (``kv_device_desc``), Triton builds them
     (``device.device_descriptors``) and the ``caches`` (K, V) are 16-byte aligned row by row; 2,
     block pointers, where the config asks (``kv_block_ptr``) and Triton builds them
-    (``device.block_pointers``); else 0, pointer loads. The XPU tiles (``xpu_tiles``) ask for
+    (``device.block_pointers``) and, on Intel GPUs, every K/V tile's base is 64-byte aligned
+    (``XPU_BLOCK_BASE_ALIGN``); else 0, pointer loads. The XPU tiles (``xpu_tiles``) ask for
     both, so Intel's Triton with descriptors (3.4 on: 3.7 in torch's XPU wheels, Intel's main,
     whose block pointers are removed) gets 3, triton-xpu 3.3 gets 2, and a Triton with neither
     pointer loads."""
@@ -213,16 +214,25 @@ def _kv_load(page_size: int, config: dict, kv_descriptors, caches=()) -> int:
         return 0
     if config.get("kv_device_desc") and _device.device_descriptors() and all(map(_rows_aligned, caches)):
         return 3
-    if config.get("kv_block_ptr") and _device.block_pointers():
+    if config.get("kv_block_ptr") and _device.block_pointers() and (
+            _device.backend() != "xpu" or all(_rows_aligned(c, XPU_BLOCK_BASE_ALIGN) for c in caches)):
         return 2
     return 0
 
 
-def _rows_aligned(cache: torch.Tensor) -> bool:
-    """A device-side descriptor's base and row pitch must be 16-byte aligned (TMA on Hopper,
-    Intel's descriptor rules)."""
+#: bytes a block-pointer tile's base must be aligned to on Intel GPUs: triton-xpu 3.3 hands a base
+#: off 64 bytes to the 2D block read as it is and also adds the offset to x and the width, so the
+#: read lands that many bytes too far right where the base's low 6 bits count (BMG;
+#: intel-xpu-backend-for-triton #4304). A tile's base is the cache's plus page, row and head strides
+XPU_BLOCK_BASE_ALIGN = 64
+
+
+def _rows_aligned(cache: torch.Tensor, align: int = 16) -> bool:
+    """The base and every stride but the last ``align``-byte aligned: 16 for a device-side
+    descriptor's base and row pitch (TMA on Hopper, Intel's descriptor rules), 64 for block-pointer
+    tiles on Intel GPUs."""
     size = cache.element_size()
-    return cache.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in cache.stride()[:-1])
+    return cache.data_ptr() % align == 0 and all(stride * size % align == 0 for stride in cache.stride()[:-1])
 
 
 def score_chunk(config: dict, kv_load: int, head_dim: int, d_tail: int = 0) -> int:
