@@ -429,6 +429,15 @@ def exp2_shifted(s, scale, m_safe, SCALE_IN_EXP: tl.constexpr):
     return p
 
 
+def kernel_quantises(fmt: torch.dtype) -> bool:
+    """Whether a kernel converts to the fp8 type ``fmt`` itself. Compiled backends do. Triton's
+    interpreter casts fp32 -> fp8 wrongly (a mantissa carry into the exponent is dropped: 31.94 ->
+    16 in e4m3), so under it torch quantises and the kernel copies the bytes, except e4m3 on the
+    Intel path (``device.intel_gpu()``: the kernel's ``INTEL_GPU`` encodes in integer arithmetic,
+    exact there, :func:`fp8_cast`)."""
+    return not _device.is_interpreter() or (fmt == torch.float8_e4m3fn and _device.intel_gpu())
+
+
 @triton.jit
 def e4m3_bytes(x):
     """Kernel helper: fp32 ``x`` as fp8 e4m3fn bytes (int32, 0..255), in integer arithmetic:

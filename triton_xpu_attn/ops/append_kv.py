@@ -30,8 +30,8 @@ import triton.language as tl
 
 from .. import device as _device
 from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_bool, check_int, check_page_size, check_same_device,
-                       check_tensor, check_window, device_guard, dtype_names, fp8_cast, next_power_of_2,
-                       register_xpu_compile)
+                       check_tensor, check_window, device_guard, dtype_names, fp8_cast, kernel_quantises,
+                       next_power_of_2, register_xpu_compile)
 from .kv_cache import _store_rows, request_of
 from .paged_kernel import _PER_REQUEST, _SEARCH, _UNIFORM
 from .paged_launch import _as_scale, _check_heads, _launch, _validate
@@ -271,9 +271,7 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     fmt = k_cache.dtype if k_cache.dtype in FP8_DTYPES else None
     quant = fmt is not None and k.dtype != fmt
     intel = _device.intel_gpu()
-    # under the interpreter torch quantises and the kernel copies fp8 bytes, but for e4m3 with
-    # INTEL_GPU (integer encoding: exact there)
-    if quant and _device.is_interpreter() and not (intel and fmt == torch.float8_e4m3fn):
+    if quant and not kernel_quantises(fmt):  # torch quantises, the kernel copies fp8 bytes
         if rotary is not None:
             cos, sin, base, interleaved = rotary
             k = rotate_rows(k, rows, cos, sin, base, positional=True, interleaved=interleaved, out_dtype=torch.float32)

@@ -38,6 +38,7 @@ from .._common import (
     check_tensor,
     device_guard,
     fp8_cast,
+    kernel_quantises,
     next_power_of_2,
     register_xpu_compile,
 )
@@ -153,10 +154,8 @@ def _quant_in_kernel() -> bool:
     """Whether the kernel quantises. Under the interpreter its fp32 -> fp8 cast drops a mantissa
     carry into the exponent (31.94 -> 16 in e4m3), so there torch quantises (the kernel's formula,
     :func:`quantize_indexer_k`) and the kernel stores the fp8 bytes and scales, its slot handling,
-    masking and layout unchanged. Compiled backends quantise in the kernel, and so does the
-    interpreter with ``device.intel_gpu()`` (the kernel's ``INTEL_GPU``: integer encoding, exact
-    there)."""
-    return not _device.is_interpreter() or _device.intel_gpu()
+    masking and layout unchanged, where ``kernel_quantises`` says it does not quantise e4m3."""
+    return kernel_quantises(torch.float8_e4m3fn)
 
 
 def quantize_indexer_k(k: torch.Tensor, quant_block_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from .. import device as _device
-from .._common import FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, fp8_cast, register_xpu_compile
+from .._common import (FLOAT_DTYPES, cdiv, check_same_device, check_tensor, device_guard, fp8_cast, kernel_quantises,
+                       register_xpu_compile)
 from .kv_cache import (
     _TILE_ELEMENTS,
     _cache_view,
@@ -167,17 +168,15 @@ def _kv_store_checks(key, value, key_cache, value_cache, slot_mapping, fmt, k_sc
     return num_tokens, k_scale, v_scale, device
 
 
-def _store_mode(fmt, inputs, scales, num_tokens: int, intel_gpu: bool):
-    """``(inputs, QUANT, FP8_MAX)`` of a cache store. Under the interpreter an fp8 store is not the
-    kernel's: the interpreter's fp32 -> fp8 cast drops a mantissa carry into the exponent (31.94 ->
-    16 in e4m3), so there torch quantises the inputs (the kernel's formula: ``clamp(x / scale)`` in
-    fp32, then the cast) and the kernel copies fp8 bytes, its slot handling, masking and strides
-    unchanged. Compiled backends quantise in the kernel, and so does the interpreter for e4m3 with
-    ``intel_gpu`` (the kernel's ``INTEL_GPU``: e4m3 encoded in integer arithmetic, exact there)."""
+def _store_mode(fmt, inputs, scales, num_tokens: int):
+    """``(inputs, QUANT, FP8_MAX)`` of a cache store: the kernel quantises where
+    ``kernel_quantises(fmt)``; elsewhere (the interpreter) torch quantises the inputs with the
+    kernel's formula (``clamp(x / scale)`` in fp32, then the cast) and the kernel copies fp8 bytes,
+    its slot handling, masking and strides unchanged."""
     if fmt is None:
         return inputs, False, 0.0
     fp8_max = torch.finfo(fmt).max
-    if not _device.is_interpreter() or (intel_gpu and fmt == torch.float8_e4m3fn):
+    if kernel_quantises(fmt):
         return inputs, True, float(fp8_max)
     return tuple((x[:num_tokens].float() / s.reshape(()).float()).clamp(-fp8_max, fp8_max).to(fmt)
                  for x, s in zip(inputs, scales)), False, 0.0
@@ -239,7 +238,7 @@ def reshape_and_cache_flash(
     if num_tokens == 0 or heads == 0 or num_blocks * block_size == 0:
         return
     intel = _device.intel_gpu()
-    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens, intel)
+    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
     # half the tile of the MLA ops: 16 x 128 fp8 stores spill 1.7 KB on BMG at 128 GRF, 8 x 128 none
     block_t, block_d = _token_tile(max(head_dim, v_head_dim), _TILE_ELEMENTS // 2)
     with device_guard(device):  # the scales are not read unless QUANT (slot_mapping stands in)
@@ -300,7 +299,7 @@ def concat_and_cache_mla(
     if num_tokens == 0 or num_blocks * block_size == 0 or rank + pe_dim == 0:
         return
     intel = _device.intel_gpu()
-    (kv_c, k_pe), quant, fp8_max = _store_mode(fmt, (kv_c, k_pe), (scale, scale), num_tokens, intel)
+    (kv_c, k_pe), quant, fp8_max = _store_mode(fmt, (kv_c, k_pe), (scale, scale), num_tokens)
     block_t, block_d = _token_tile(max(rank, pe_dim))
     with device_guard(device):
         _concat_and_cache_mla_kernel[(cdiv(num_tokens, block_t),)](
@@ -370,7 +369,7 @@ def reshape_and_cache(
     if num_tokens == 0 or heads == 0 or head_dim == 0 or num_blocks * block_size == 0:
         return
     intel = _device.intel_gpu()
-    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens, intel)
+    (key, value), quant, fp8_max = _store_mode(fmt, (key, value), (k_scale, v_scale), num_tokens)
     block_t, block_d = _token_tile(head_dim, _TILE_ELEMENTS // 2)
     with device_guard(device):  # the scales are not read unless QUANT (slot_mapping stands in)
         _reshape_and_cache_kernel[(cdiv(num_tokens, block_t), heads)](

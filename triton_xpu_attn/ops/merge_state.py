@@ -9,7 +9,8 @@ import triton.language as tl
 
 from .. import device as _device
 from .._common import (FLOAT_DTYPES, FP8_DTYPES, cdiv, check_int, check_same_device, check_tensor, device_guard,
-                       fp8_cast, gdc_wait, interpreter_float32, next_power_of_2, register_xpu_compile)
+                       fp8_cast, gdc_wait, interpreter_float32, kernel_quantises, next_power_of_2,
+                       register_xpu_compile)
 
 
 @triton.jit
@@ -442,18 +443,15 @@ def merge_attn_states(
         return
     lse_out = output_lse if output_lse is not None else prefix_lse  # a placeholder when not written
     dest = output
-    # under the interpreter bf16 runs in fp32 (interpreter_float32) and an fp8 output goes through
-    # an fp32 stand-in cast by torch: the interpreter's fp32 -> fp8 cast drops a mantissa carry
-    # into the exponent (31.94 -> 16 in e4m3); compiled backends store fp8 directly, and so does the
-    # interpreter for e4m3 with INTEL_GPU (integer encoding, exact there)
-    intel = _device.intel_gpu()
+    # under the interpreter bf16 runs in fp32 (interpreter_float32), and an fp8 output the kernel
+    # does not quantise itself (kernel_quantises) goes through an fp32 stand-in cast by torch
     prefix_output, suffix_output, output = interpreter_float32(prefix_output, suffix_output, output)
-    if _device.is_interpreter() and output.element_size() == 1 and not (intel and output.dtype == torch.float8_e4m3fn):
+    if output.element_size() == 1 and not kernel_quantises(output.dtype):
         output = torch.empty(output.shape, dtype=torch.float32, device=device)
     # the LSEs are [H, T]: their transposes are the (token, head) views the kernel reads
     _launch_merge(device, prefix_output, prefix_lse.T, suffix_output, suffix_lse.T, output, lse_out.T, merge_rows,
                   output_scale if output_scale is not None else prefix_lse,
                   COPY_TAIL=merge_rows < t, WRITE_LSE=output_lse is not None, HAS_OUT_SCALE=output_scale is not None,
-                  OUT_MAX=float(torch.finfo(dest.dtype).max), INTEL_GPU=intel)
+                  OUT_MAX=float(torch.finfo(dest.dtype).max), INTEL_GPU=_device.intel_gpu())
     if output is not dest:
         dest.copy_(output)
