@@ -71,42 +71,18 @@ if "TRITON_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 
 import triton  # noqa: E402
-from triton.backends import backends  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 sys.path.insert(0, str(REPO / ".ci"))
 import xpu_native  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
-# Targets: the dict torch.xpu.get_device_capability() would return on each device.
-# `architecture` is the SYCL enum value (only read by the arch parser, stubbed below).
+# Targets: the dict torch.xpu.get_device_capability() would return on each device, shared with the
+# OpenCL CPU device's driver (tests/xpu_opencl/driver.py), which runs the same compiles.
 # --------------------------------------------------------------------------------------------
-TARGETS = {
-    "pvc": dict(
-        name="Intel(R) Data Center GPU Max 1550",
-        architecture=13136561920,
-        sub_group_sizes=[16, 32],
-        max_work_group_size=1024,
-        max_num_sub_groups=64,
-        has_fp64=True,
-        has_subgroup_matrix_multiply_accumulate=True,
-        has_subgroup_matrix_multiply_accumulate_tensor_float32=True,
-        has_subgroup_2d_block_io=True,
-        has_bfloat16_conversions=True,
-    ),
-    "bmg": dict(
-        name="Intel(R) Arc(TM) B580 Graphics",
-        architecture=21479031808,
-        sub_group_sizes=[16, 32],
-        max_work_group_size=1024,
-        max_num_sub_groups=64,
-        has_fp64=True,
-        has_subgroup_matrix_multiply_accumulate=True,
-        has_subgroup_matrix_multiply_accumulate_tensor_float32=False,
-        has_subgroup_2d_block_io=True,
-        has_bfloat16_conversions=True,
-    ),
-}
+from tests.xpu_opencl.driver import TARGETS  # noqa: E402
+from tests.xpu_opencl.harness import install_arch_parser_stub  # noqa: E402
+
 WARP_SIZE = 16  # ignored by the backend (its sub-group size option decides: tune.xpu_launch_options); 16 as on the devices
 
 
@@ -123,31 +99,6 @@ def target_for_device(device_name: str) -> str:
     if re.search(r"\bB(580|570|60|50)\b", device_name) or "Arc" in device_name:
         return "bmg"
     raise ValueError(f"cannot tell the compile target (pvc or bmg) of device {device_name!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Arch-parser stub: XPUBackend.__init__ builds arch_parser.c, which needs the SYCL headers and
-# libraries; it only maps target.arch["architecture"] to a name for an optional ocloc query.
-# --------------------------------------------------------------------------------------------
-class _FakeArch:
-    def parse_device_arch(self, v):
-        return ""
-
-
-def install_arch_parser_stub() -> None:
-    # backends are loaded via spec_from_file_location, not sys.modules: patch the function's globals
-    g = backends["intel"].compiler.__init__.__globals__
-    orig = g["compile_module_from_src"]
-    if getattr(orig, "_xpu_check_stub", False):
-        return
-
-    def compile_module_from_src(src, name, *args, **kwargs):
-        if name == "arch_utils":
-            return _FakeArch()
-        return orig(src, name, *args, **kwargs)
-
-    compile_module_from_src._xpu_check_stub = True
-    g["compile_module_from_src"] = compile_module_from_src
 
 
 #: config knobs that set launch options (a config of none of them compiles as the variant does)
